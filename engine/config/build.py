@@ -1,0 +1,263 @@
+"""Building components from ``{id, path, args}`` entries, and checking them without building.
+
+`check_component` is the dry build `flengine validate` runs: the dotted path imports, names
+something callable, and the args bind to its signature (no unknown or missing ones, no obviously
+wrong types). `build_component` runs the same checks, then builds nested ``{path, args}`` args
+first and calls the constructor.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import re
+import traceback
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.config.problems import KeyPath, Problem
+from engine.config.source import ConfigDocument, type_name
+from engine.errors import ComponentBuildError, ConfigError
+
+_DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+_NESTED_KEYS = {"path", "args"}
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One component entry of a config file.
+
+    Attributes:
+        path: Dotted path of the class or factory, e.g. ``engine.workflows.FedAvg``.
+        args: Keyword arguments for it, as written in the config.
+        id: The entry's id, if it has one.
+        key_path: Where the entry sits in its document, e.g. ``("workflows", 0)``.
+    """
+
+    path: str
+    args: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
+    key_path: KeyPath = ()
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any], key_path: KeyPath) -> ComponentSpec:
+        """Make a spec from a schema-valid ``{id, path, args}`` entry found at ``key_path``."""
+        return cls(entry["path"], dict(entry.get("args", {})), entry.get("id"), key_path)
+
+
+def is_nested_component(value: Any) -> bool:
+    """Tell whether an arg value is a ``{path, args}`` object to be built before it is passed."""
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("path"), str)
+        and _DOTTED_PATH.match(value["path"]) is not None
+        and set(value) <= _NESTED_KEYS
+    )
+
+
+def check_component(spec: ComponentSpec, document: ConfigDocument) -> list[Problem]:
+    """Dry-build ``spec``: return every problem building it would hit, without calling it."""
+    try:
+        target = resolve_dotted_path(spec.path)
+    except _ResolveError as e:
+        return [document.problem(spec.key_path + ("path",), e.message, e.hint)]
+    if not callable(target):
+        message = f"{spec.path!r} is {type_name(target)}, not a class or function"
+        return [document.problem(spec.key_path + ("path",), message, "point `path` at a class or factory function")]
+
+    problems = _check_signature(spec, target, document)
+    for name, value in spec.args.items():
+        for sub_path, nested in _nested_specs(value, spec.key_path + ("args", name)):
+            problems.extend(check_component(ComponentSpec.from_entry(nested, sub_path), document))
+    return problems
+
+
+def build_component(spec: ComponentSpec, document: ConfigDocument) -> Any:
+    """Build ``spec``: nested ``{path, args}`` args first, then the component itself.
+
+    Raises:
+        ConfigError: The dry checks found problems (all of them are listed).
+        ComponentBuildError: The constructor raised; the original exception is chained.
+    """
+    problems = check_component(spec, document)
+    if problems:
+        raise ConfigError(problems)
+    return _construct(spec, document)
+
+
+def resolve_dotted_path(path: str) -> Any:
+    """Import ``module.attr[.attr...]`` and return the object it names.
+
+    Raises:
+        _ResolveError: With a message that says whether the module or the attribute is missing.
+    """
+    parts = path.split(".")
+    if len(parts) < 2:
+        raise _ResolveError(f"{path!r} is not a dotted path", "write module.Class, e.g. model.Net")
+    missing_module = None
+    for split in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:split])
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+                missing_module = missing_module or module_name
+                continue
+            raise _import_failed(module_name, e) from e
+        except Exception as e:  # noqa: BLE001 - any error in the user's module is reported, not raised
+            raise _import_failed(module_name, e) from e
+        return _get_attributes(module, module_name, parts[split:], missing_module)
+    hint = "check the spelling; the job's own code goes in the app's custom/ folder"
+    raise _ResolveError(f"cannot import {path!r}: no module named {parts[0]!r}", hint)
+
+
+class _ResolveError(Exception):
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+def _get_attributes(module: Any, module_name: str, names: list[str], missing_module: str | None) -> Any:
+    target, owner = module, module_name
+    for name in names:
+        if not hasattr(target, name):
+            if missing_module == f"{owner}.{name}":
+                hint = "check the spelling; the job's own code goes in the app's custom/ folder"
+                raise _ResolveError(f"cannot import {missing_module!r}: no module named {missing_module!r}", hint)
+            public = [n for n in dir(target) if not n.startswith("_")]
+            close = difflib.get_close_matches(name, public, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else None
+            raise _ResolveError(f"cannot import '{owner}.{name}': {owner!r} has no attribute {name!r}", hint)
+        target, owner = getattr(target, name), f"{owner}.{name}"
+    return target
+
+
+def _import_failed(module_name: str, error: BaseException) -> _ResolveError:
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return _ResolveError(f"importing {module_name!r} failed{where}: {type(error).__name__}: {error}")
+
+
+def _check_signature(spec: ComponentSpec, target: Any, document: ConfigDocument) -> list[Problem]:
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return []  # some builtins have no signature; the constructor will check its own args
+    params = signature.parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    hints = _type_hints(target)
+    args_path = spec.key_path + ("args",)
+    accepted = ", ".join(named) or "none"
+
+    problems = []
+    for name, value in spec.args.items():
+        if name not in params or params[name].kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            if not takes_any:
+                close = difflib.get_close_matches(name, named, n=1)
+                hint = f"did you mean {close[0]!r}? accepted: {accepted}" if close else f"accepted: {accepted}"
+                problems.append(document.problem(args_path + (name,), f"unknown arg {name!r} for {spec.path}", hint))
+            continue
+        if name in hints:
+            expected = _mismatch(value, hints[name])
+            if expected:
+                problems.append(document.problem(args_path + (name,), f"expected {expected}, got {_show(value)}"))
+    for name in named:
+        if params[name].default is inspect.Parameter.empty and name not in spec.args:
+            problems.append(document.problem(args_path + (name,), f"missing required arg {name!r} for {spec.path}"))
+    return problems
+
+
+def _type_hints(target: Any) -> dict[str, Any]:
+    function = target.__init__ if inspect.isclass(target) else target
+    try:
+        return typing.get_type_hints(function)
+    except Exception:  # noqa: BLE001 - unresolvable annotations only mean we check fewer types
+        return {}
+
+
+def _mismatch(value: Any, annotation: Any) -> str | None:
+    """Return what was expected when ``value`` plainly does not fit ``annotation``, else None."""
+    if is_nested_component(value):
+        return None  # built into an object later; its own check covers it
+    verdict = _fits(value, annotation)
+    return _describe_annotation(annotation) if verdict is False else None
+
+
+def _fits(value: Any, annotation: Any) -> bool | None:
+    """True/False when the fit is clear, None when the annotation is too rich to judge."""
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        verdicts = [_fits(value, arg) for arg in typing.get_args(annotation)]
+        return True if True in verdicts else (None if None in verdicts else False)
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    if annotation is type(None):
+        return value is None
+    plain = origin or annotation
+    checks = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+        list: lambda v: isinstance(v, list),
+        tuple: lambda v: isinstance(v, list),
+        dict: lambda v: isinstance(v, dict),
+    }
+    check = checks.get(plain)
+    return check(value) if check else None
+
+
+def _describe_annotation(annotation: Any) -> str:
+    words = {
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        tuple: "a list",
+        dict: "an object",
+        type(None): "null",
+    }
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe_annotation(arg) for arg in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(_show(arg) for arg in typing.get_args(annotation))
+    return words.get(origin or annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _show(value: Any) -> str:
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def _nested_specs(value: Any, key_path: KeyPath) -> list[tuple[KeyPath, dict[str, Any]]]:
+    if is_nested_component(value):
+        return [(key_path, value)]
+    if isinstance(value, list):
+        return [found for i, item in enumerate(value) for found in _nested_specs(item, key_path + (i,))]
+    return []
+
+
+def _construct(spec: ComponentSpec, document: ConfigDocument) -> Any:
+    args = {name: _build_value(value, spec.key_path + ("args", name), document) for name, value in spec.args.items()}
+    try:
+        return resolve_dotted_path(spec.path)(**args)
+    except Exception as e:
+        where = document.problem(spec.key_path, f"building {spec.path} failed: {type(e).__name__}: {e}")
+        raise ComponentBuildError(str(where)) from e
+
+
+def _build_value(value: Any, key_path: KeyPath, document: ConfigDocument) -> Any:
+    if is_nested_component(value):
+        return _construct(ComponentSpec.from_entry(value, key_path), document)
+    if isinstance(value, list):
+        return [_build_value(item, key_path + (i,), document) for i, item in enumerate(value)]
+    return value

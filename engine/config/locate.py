@@ -1,0 +1,322 @@
+"""Locate keys and `include` directives in HOCON (or JSON) text, by line, for error messages.
+
+pyhocon parses the configuration but forgets where each key was written, so this module runs a
+light tokenizer and a recursive-descent walk of its own over the same text. It is best effort:
+it never raises on malformed input (pyhocon reports syntax errors itself) and returns whatever
+it could map.
+
+Example:
+    >>> locate_keys("a {\\n  b.c = 1\\n}")
+    {('a',): 1, ('a', 'b'): 2, ('a', 'b', 'c'): 2}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from engine.config.problems import KeyPath
+
+_PUNCTUATION = "{}[],=:"
+# Characters that end an unquoted string (HOCON spec); the rest of the spec's forbidden set
+# (`^ ? ! @ * & \` ...) is kept inside the text so that odd input still makes progress.
+_TEXT_STOP = _PUNCTUATION + '"#$'
+_INCLUDE_KINDS = ("file", "url", "classpath", "package")
+_INCLUDE_CALLS = tuple(f"{name}(" for name in ("required", *_INCLUDE_KINDS))
+_SEPARATORS = ("=", ":", "+=")
+
+
+class _Token(NamedTuple):
+    kind: str  # a punctuation mark, "+=", "nl", "ws", "string", "text", "subst" or "eof"
+    text: str  # decoded content for "string", raw text otherwise
+    line: int
+
+
+@dataclass(frozen=True)
+class IncludeDirective:
+    """One `include` statement of a HOCON file.
+
+    Attributes:
+        target: The string inside the quotes, e.g. ``"common.conf"``.
+        kind: ``"plain"`` for ``include "x.conf"``, else ``"file"``, ``"url"``, ``"classpath"``
+            or ``"package"``.
+        required: Whether the target is wrapped in ``required(...)``.
+        line: 1-based line of the ``include`` keyword.
+    """
+
+    target: str
+    kind: str
+    required: bool
+    line: int
+
+
+def locate_keys(text: str) -> dict[KeyPath, int]:
+    """Map every key path (object keys and array element indices) to the 1-based line where it is written.
+
+    Dotted keys map each of their prefixes, a key written twice keeps its first line, and keys
+    that only come from a substitution or an include are not mapped.
+
+    Args:
+        text: HOCON or JSON source.
+
+    Returns:
+        E.g. ``{("workflows",): 3, ("workflows", 0): 4, ("workflows", 0, "id"): 4, ...}``.
+    """
+    return _scan(text).lines
+
+
+def find_includes(text: str) -> list[IncludeDirective]:
+    """Return the include directives of a HOCON text, in order.
+
+    Args:
+        text: HOCON source; includes are reported, not followed.
+    """
+    return _scan(text).includes
+
+
+def _scan(text: str) -> _Walker:
+    walker = _Walker(_tokenize(text))
+    try:
+        walker.walk_root()
+    except RecursionError:  # absurdly deep nesting: keep what was mapped so far
+        pass
+    return walker
+
+
+def _tokenize(text: str) -> list[_Token]:
+    """Split HOCON text into tokens, dropping comments; always ends with an "eof" token."""
+    tokens: list[_Token] = []
+    i, line, n = 0, 1, len(text)
+    while i < n:
+        ch, start = text[i], i
+        if ch == "#" or text.startswith("//", i):
+            i = _find(text, "\n", i)
+            continue
+        if ch == "\n":
+            kind, i = "nl", i + 1
+        elif ch.isspace() or ch == "\ufeff":
+            while i < n and text[i] != "\n" and (text[i].isspace() or text[i] == "\ufeff"):
+                i += 1
+            kind = "ws"
+        elif text.startswith('"""', i):
+            end = _find(text, '"""', i + 3)
+            while text.startswith('"', end + 3):  # quotes just before the closing three are content
+                end += 1
+            kind, i = "string", min(end + 3, n)
+        elif ch == '"':
+            kind, i = "string", _end_of_quoted(text, i)
+        elif text.startswith("${", i):
+            kind, i = "subst", _end_of_substitution(text, i)
+        elif text.startswith("+=", i):
+            kind, i = "+=", i + 2
+        elif ch in _PUNCTUATION:
+            kind, i = ch, i + 1
+        else:
+            kind, i = "text", _end_of_text(text, i + 1)
+        raw = text[start:i]
+        tokens.append(_Token(kind, _string_content(raw) if kind == "string" else raw, line))
+        line += text.count("\n", start, i)
+    tokens.append(_Token("eof", "", line))
+    return tokens
+
+
+def _find(text: str, needle: str, start: int) -> int:
+    """Index of `needle` in `text` from `start`, or the end of the text."""
+    found = text.find(needle, start)
+    return len(text) if found < 0 else found
+
+
+def _end_of_quoted(text: str, i: int) -> int:
+    """Index just past the quoted string opening at `i`; an unclosed one stops at the newline."""
+    i += 1
+    while i < len(text) and text[i] not in '"\n':
+        i += 2 if text[i] == "\\" else 1
+    return i + 1 if i < len(text) and text[i] == '"' else min(i, len(text))
+
+
+def _end_of_substitution(text: str, i: int) -> int:
+    """Index just past the ``${...}`` opening at `i`; an unclosed one stops at the newline."""
+    i += 2
+    while i < len(text) and text[i] not in "}\n":
+        i = _end_of_quoted(text, i) if text[i] == '"' else i + 1
+    return i + 1 if i < len(text) and text[i] == "}" else i
+
+
+def _end_of_text(text: str, i: int) -> int:
+    """Index just past the unquoted string that continues at `i`."""
+    while i < len(text) and text[i] not in _TEXT_STOP and not text[i].isspace():
+        if text.startswith("//", i) or text.startswith("+=", i):
+            break
+        i += 1
+    return i
+
+
+def _string_content(quoted: str) -> str:
+    """The content of a quoted or triple-quoted string, with JSON escapes resolved."""
+    if quoted.startswith('"""'):
+        return quoted[3:-3] if len(quoted) >= 6 and quoted.endswith('"""') else quoted[3:]
+    try:
+        return json.loads(quoted, strict=False)
+    except ValueError:  # unclosed, or an invalid escape: keep the raw text
+        return quoted[1:-1] if len(quoted) > 1 and quoted.endswith('"') else quoted[1:]
+
+
+class _Walker:
+    """Recursive descent over the tokens, recording key lines and include directives."""
+
+    def __init__(self, tokens: list[_Token]) -> None:
+        self.tokens = tokens
+        self.pos = 0
+        self.lines: dict[KeyPath, int] = {}
+        self.includes: list[IncludeDirective] = []
+        # Current length of each array, so that `key += value` knows the index it appends at.
+        self.array_lengths: dict[KeyPath, int] = {}
+
+    @property
+    def token(self) -> _Token:
+        return self.tokens[self.pos]
+
+    def skip(self, *kinds: str) -> None:
+        while self.token.kind in kinds:
+            self.pos += 1
+
+    def record(self, path: KeyPath, line: int) -> None:
+        self.lines.setdefault(path, line)
+
+    def walk_root(self) -> None:
+        self.skip("ws", "nl")
+        if self.token.kind in ("{", "["):
+            self.walk_value(())
+        else:
+            self.walk_object((), None)
+
+    def walk_object(self, prefix: KeyPath, closing: str | None) -> None:
+        """Walk fields up to `closing` (``"}"``, or None for a root without braces)."""
+        while True:
+            self.skip("ws", "nl", ",")
+            kind = self.token.kind
+            if kind == "eof":
+                return
+            if kind == closing:
+                self.pos += 1
+                return
+            if kind in ("}", "]"):
+                if closing is not None:
+                    return  # an enclosing object or array owns this bracket
+                self.pos += 1
+            elif self.at_include():
+                self.walk_include()
+            elif kind in ("text", "string"):
+                self.walk_field(prefix)
+            else:
+                self.pos += 1  # stray token where a key belongs
+
+    def walk_field(self, prefix: KeyPath) -> None:
+        """Walk ``key = value``, ``key += value`` or ``key { ... }``."""
+        line = self.token.line
+        path = prefix + self.read_key()
+        self.skip("ws")
+        if self.token.kind == "nl" and self.next_significant().kind == "{":
+            self.skip("ws", "nl")
+        separator = self.token.kind
+        if separator not in (*_SEPARATORS, "{"):
+            return  # a key without a value: leave the error to pyhocon
+        for depth in range(len(prefix) + 1, len(path) + 1):
+            self.record(path[:depth], line)
+        if separator != "{":
+            self.pos += 1
+            self.skip("ws", "nl")
+        if separator == "+=":
+            index = self.array_lengths.get(path, 0)
+            self.record((*path, index), line)
+            self.array_lengths[path] = index + 1
+            self.walk_value((*path, index))
+        else:
+            self.walk_value(path)
+
+    def read_key(self) -> tuple[str, ...]:
+        """Read a path expression: unquoted parts split on dots, quoted parts kept whole."""
+        parts = [""]
+        while True:
+            token = self.token
+            if token.kind == "ws" and self.tokens[self.pos + 1].kind in ("text", "string"):
+                parts[-1] += token.text  # whitespace inside a key is part of it, around it is not
+            elif token.kind == "string":
+                parts[-1] += token.text
+            elif token.kind == "text":
+                first, *rest = token.text.split(".")
+                parts[-1] += first
+                parts.extend(rest)
+            else:
+                return tuple(parts)
+            self.pos += 1
+
+    def walk_value(self, path: KeyPath) -> None:
+        """Walk one value: concatenated pieces up to a newline, a comma or a closing bracket."""
+        array_length = 0
+        while self.token.kind not in ("nl", ",", "}", "]", "eof"):
+            if self.token.kind == "{":
+                self.pos += 1
+                self.walk_object(path, "}")
+            elif self.token.kind == "[":
+                array_length = self.walk_array(path, array_length)
+                self.array_lengths[path] = array_length
+            else:
+                self.pos += 1
+
+    def walk_array(self, path: KeyPath, first_index: int) -> int:
+        """Walk ``[ ... ]`` whose elements start at `first_index`; return the next index."""
+        self.pos += 1
+        index = first_index
+        while True:
+            self.skip("ws", "nl", ",")
+            kind = self.token.kind
+            if kind == "eof" or kind == "}":  # "}" closes an enclosing object; leave it there
+                return index
+            if kind == "]":
+                self.pos += 1
+                return index
+            self.record((*path, index), self.token.line)
+            self.walk_value((*path, index))
+            index += 1
+
+    def next_significant(self) -> _Token:
+        """The first token after the current one that is not whitespace or a newline."""
+        pos = self.pos
+        while self.tokens[pos].kind in ("ws", "nl"):
+            pos += 1
+        return self.tokens[pos]
+
+    def at_include(self) -> bool:
+        """Whether the current token starts an include directive rather than a key named include."""
+        if self.token.kind != "text" or self.token.text != "include":
+            return False
+        after = self.tokens[self.pos + 1]
+        if after.kind == "ws":
+            after = self.tokens[self.pos + 2]
+        if after.kind == "text":
+            return after.text.startswith(_INCLUDE_CALLS)
+        return after.kind == "string"
+
+    def walk_include(self) -> None:
+        """Consume an include directive up to the end of its line and record it if well formed."""
+        line = self.token.line
+        self.pos += 1
+        shape, targets = "", []
+        while self.token.kind in ("text", "string", "ws"):
+            if self.token.kind == "string":
+                shape += '"'
+                targets.append(self.token.text)
+            elif self.token.kind == "text":
+                shape += self.token.text
+            self.pos += 1
+        required = shape.startswith("required(") and shape.endswith(")")
+        if required:
+            shape = shape[len("required(") : -1]
+        kind = "plain"
+        for candidate in _INCLUDE_KINDS:
+            if shape.startswith(f"{candidate}(") and shape.endswith(")"):
+                kind, shape = candidate, shape[len(candidate) + 1 : -1]
+        if shape == '"' and len(targets) == 1:
+            self.includes.append(IncludeDirective(targets[0], kind, required, line))

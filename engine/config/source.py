@@ -1,0 +1,199 @@
+"""Reading one config file (HOCON ``.conf`` or ``.json``) into plain data that remembers its lines.
+
+HOCON goes through pyhocon (includes, ``${...}`` substitutions, ``${?ENV}`` fallbacks); JSON goes
+through the standard library. Either way the result is plain dicts, lists and scalars, plus a map
+from key path to the line it was written on, so later checks can point at the exact line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyparsing
+from pyhocon import ConfigFactory, ConfigTree
+from pyhocon.exceptions import ConfigException, ConfigSubstitutionException
+
+from engine.config.locate import find_includes, locate_keys
+from engine.config.problems import KeyPath, Problem
+from engine.errors import ConfigError
+
+CONFIG_SUFFIXES = (".conf", ".json")
+
+_REMOTE_PREFIXES = ("http://", "https://", "file://")
+_PYHOCON_LINE = re.compile(r"\(line: (\d+), col: \d+\)")
+
+
+@dataclass
+class ConfigDocument:
+    """A parsed config file.
+
+    Attributes:
+        path: The file on disk.
+        display: The file as shown in messages (relative to the folder the user named).
+        data: The parsed content as plain dicts, lists and scalars.
+        key_lines: 1-based line of each key path, where the file spells it out.
+    """
+
+    path: Path
+    display: str
+    data: dict[str, Any]
+    key_lines: dict[KeyPath, int] = field(default_factory=dict)
+
+    def line_of(self, key_path: KeyPath) -> int | None:
+        """Return the line of ``key_path``, or of its nearest written ancestor."""
+        for end in range(len(key_path), 0, -1):
+            line = self.key_lines.get(key_path[:end])
+            if line is not None:
+                return line
+        return None
+
+    def problem(self, key_path: KeyPath, message: str, hint: str | None = None) -> Problem:
+        """Make a `Problem` located at ``key_path`` of this file."""
+        return Problem(self.display, self.line_of(key_path), key_path, message, hint)
+
+
+def load_config(path: Path, display: str, root: Path) -> ConfigDocument:
+    """Load one ``.conf`` or ``.json`` file of a job folder.
+
+    Args:
+        path: The file to read.
+        display: How to name the file in messages.
+        root: The job folder; an ``include`` that reaches outside it is refused.
+
+    Returns:
+        The parsed document; its top level is always an object.
+
+    Raises:
+        ConfigError: The file cannot be read or parsed, an include is refused, or the top level
+            is not an object. Every problem found is listed.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([Problem(display, None, (), f"cannot read the file: {e}")]) from e
+
+    if path.suffix == ".json":
+        data = _parse_json(text, display)
+    else:
+        problems = list(_check_includes(path, display, root, seen=set()))
+        if problems:
+            raise ConfigError(problems)
+        data = _parse_hocon(path, display)
+
+    if not isinstance(data, dict):
+        raise ConfigError([Problem(display, 1, (), f"the top level must be an object, got {type_name(data)}")])
+    return ConfigDocument(path, display, data, locate_keys(text))
+
+
+def type_name(value: Any) -> str:
+    """Name a parsed value's type the way config authors think of it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _parse_json(text: str, display: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        problem = Problem(display, e.lineno, (), f"invalid JSON: {e.msg} at column {e.colno}")
+        raise ConfigError([problem]) from e
+
+
+def _parse_hocon(path: Path, display: str) -> Any:
+    try:
+        tree = ConfigFactory.parse_file(str(path), required=True, resolve=True)
+    except pyparsing.ParseBaseException as e:
+        problem = Problem(display, e.lineno, (), f"syntax error: {e.msg} at column {e.col}")
+        raise ConfigError([problem]) from e
+    except ConfigSubstitutionException as e:
+        match = _PYHOCON_LINE.search(str(e))
+        line = int(match.group(1)) if match else None
+        message = _PYHOCON_LINE.sub("", str(e)).strip().rstrip(".")
+        hint = "define it, or write ${?NAME} to make it optional"
+        raise ConfigError([Problem(display, line, (), message[:1].lower() + message[1:], hint)]) from e
+    except (ConfigException, OSError) as e:
+        raise ConfigError([Problem(display, None, (), f"cannot load HOCON: {e}")]) from e
+    return _to_plain(tree)
+
+
+def _to_plain(value: Any) -> Any:
+    """Turn pyhocon's trees and lists into plain dicts and lists (durations become seconds)."""
+    if isinstance(value, ConfigTree):
+        return {_unquote(key): _to_plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_to_plain(item) for item in value]
+    if isinstance(value, datetime.timedelta):
+        seconds = value.total_seconds()
+        return int(seconds) if seconds.is_integer() else seconds
+    return value
+
+
+def _unquote(key: str) -> str:
+    # pyhocon keeps the quotes of a quoted key that contains a dot ("a.b" = 1).
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        return key[1:-1]
+    return key
+
+
+def _check_includes(path: Path, display: str, root: Path, seen: set[Path]) -> Iterator[Problem]:
+    """Yield a problem for each include, in ``path`` or what it includes, that leaves ``root``."""
+    real = path.resolve()
+    if real in seen:
+        return
+    seen.add(real)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return  # pyhocon reports unreadable files itself
+    root_real = root.resolve()
+    for include in find_includes(text):
+        where = (
+            f"include {include.kind}({include.target!r})" if include.kind != "plain" else f"include {include.target!r}"
+        )
+        if include.kind in ("url", "classpath", "package") or include.target.startswith(_REMOTE_PREFIXES):
+            yield Problem(display, include.line, (), f"{where}: only files inside the job folder may be included")
+            continue
+        pattern = os.path.normpath(os.path.join(path.parent, include.target))
+        targets = [Path(p) for p in glob.glob(pattern, recursive=True)] or [Path(pattern)]
+        outside = [t for t in targets if not _is_within(t, root_real)]
+        if outside:
+            yield Problem(
+                display,
+                include.line,
+                (),
+                f"{where} reaches outside the job folder {str(root)!r}",
+                "copy the shared file into the job folder",
+            )
+            continue
+        for target in targets:
+            if target.is_file():
+                yield from _check_includes(target, str(target), root, seen)
+
+
+def _is_within(path: Path, root_real: Path) -> bool:
+    try:
+        path.resolve().relative_to(root_real)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,51 @@
+"""The one exception hierarchy of flengine.
+
+Every error a user can cause derives from :class:`FlengineError` and carries the exit code the
+CLI returns for it, so ``engine.cli`` catches the base class once and prints a single
+``Error: ...`` line instead of a traceback. Layers add their own subclasses here, next to
+their siblings, so the whole hierarchy can be read in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config.problems import Problem
+
+
+class FlengineError(Exception):
+    """Base of every error flengine raises on purpose.
+
+    Attributes:
+        exit_code: Process exit status the CLI uses when this error ends a command.
+    """
+
+    exit_code: int = 1
+
+
+class UsageError(FlengineError):
+    """A command was called wrongly (bad option, missing path)."""
+
+    exit_code = 2
+
+
+class ConfigError(FlengineError):
+    """A job folder or config file is invalid; holds every problem found, one per line.
+
+    Args:
+        problems: The problems, each naming its file, line and key path.
+    """
+
+    def __init__(self, problems: Iterable[Problem]) -> None:
+        self.problems: list[Problem] = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class ComponentBuildError(FlengineError):
+    """Constructing a component from its config entry failed at run time.
+
+    The message names the file, key path and dotted path of the component; the original
+    exception is chained as ``__cause__``.
+    """
