@@ -42,7 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="flengine", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="flengine",
+        description=_DESCRIPTION,
+        epilog="example:\n  flengine validate jobs/*     check every job of the jobs/ folder",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"flengine {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages to stderr")

@@ -12,6 +12,7 @@ import pytest
 from engine.cli import main
 
 from .config.sample_job import MakeJob
+from .config.test_job import BAD_INPUT, MORE_CASES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,3 +94,24 @@ def test_jobs_of_the_repository_are_valid() -> None:
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "jobs/fedavg: ok" in result.stdout.splitlines()
+
+
+def test_every_bad_input_case_gives_its_lines_and_no_traceback(make_job: MakeJob, tmp_path: Path) -> None:
+    cases = BAD_INPUT + MORE_CASES
+    expected = []
+    for case in cases:
+        changes, lines = case.values
+        make_job(changes, name=case.id)
+        rename = {"job/": f"{case.id}/", "'job'": f"'{case.id}'", " in job:": f" in {case.id}:"}
+        for line in lines:
+            for old, new in rename.items():
+                line = line.replace(old, new)
+            expected.append(line)
+
+    result = run_flengine("validate", *(case.id for case in cases), cwd=tmp_path)
+
+    assert result.returncode == 1
+    assert "Traceback" not in result.stdout + result.stderr
+    printed = result.stdout.splitlines()
+    assert [line for line in expected if line not in printed] == []
+    assert printed[-1] == f"{len(cases)} jobs checked, {len(cases)} invalid"
