@@ -43,6 +43,20 @@ class ConfigError(FlengineError):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
+class DottedPathError(FlengineError):
+    """A dotted path (``module.Class``) does not name anything importable.
+
+    Attributes:
+        message: What is wrong: the missing module or attribute, or what importing raised.
+        hint: How to fix it, when there is an obvious fix.
+    """
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message if hint is None else f"{message} ({hint})")
+        self.message = message
+        self.hint = hint
+
+
 class ComponentBuildError(FlengineError):
     """Constructing a component from its config entry failed at run time.
 

@@ -12,6 +12,7 @@ import difflib
 import importlib
 import inspect
 import re
+import sys
 import traceback
 import types
 import typing
@@ -21,10 +22,12 @@ from typing import Any
 
 from engine.config.problems import KeyPath, Problem
 from engine.config.source import ConfigDocument, type_name
-from engine.errors import ComponentBuildError, ConfigError
+from engine.errors import ComponentBuildError, ConfigError, DottedPathError
 
 _DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 _NESTED_KEYS = {"path", "args"}
+_JOB_CODE_HINT = "check the spelling; the job's own code goes in the app's custom/ folder"
+_INSTALLED_CODE = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ def check_component(spec: ComponentSpec, document: ConfigDocument) -> list[Probl
     """Dry-build ``spec``: return every problem building it would hit, without calling it."""
     try:
         target = resolve_dotted_path(spec.path)
-    except _ResolveError as e:
+    except DottedPathError as e:
         return [document.problem(spec.key_path + ("path",), e.message, e.hint)]
     if not callable(target):
         message = f"{spec.path!r} is {type_name(target)}, not a class or function"
@@ -93,11 +96,12 @@ def resolve_dotted_path(path: str) -> Any:
     """Import ``module.attr[.attr...]`` and return the object it names.
 
     Raises:
-        _ResolveError: With a message that says whether the module or the attribute is missing.
+        DottedPathError: The message says whether the module or the attribute is missing, or
+            what importing the module raised.
     """
     parts = path.split(".")
     if len(parts) < 2:
-        raise _ResolveError(f"{path!r} is not a dotted path", "write module.Class, e.g. model.Net")
+        raise DottedPathError(f"{path!r} is not a dotted path", "write module.Class, e.g. model.Net")
     missing_module = None
     for split in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:split])
@@ -111,15 +115,7 @@ def resolve_dotted_path(path: str) -> Any:
         except Exception as e:  # noqa: BLE001 - any error in the user's module is reported, not raised
             raise _import_failed(module_name, e) from e
         return _get_attributes(module, module_name, parts[split:], missing_module)
-    hint = "check the spelling; the job's own code goes in the app's custom/ folder"
-    raise _ResolveError(f"cannot import {path!r}: no module named {parts[0]!r}", hint)
-
-
-class _ResolveError(Exception):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+    raise DottedPathError(f"cannot import {path!r}: no module named {parts[0]!r}", _JOB_CODE_HINT)
 
 
 def _get_attributes(module: Any, module_name: str, names: list[str], missing_module: str | None) -> Any:
@@ -127,20 +123,29 @@ def _get_attributes(module: Any, module_name: str, names: list[str], missing_mod
     for name in names:
         if not hasattr(target, name):
             if missing_module == f"{owner}.{name}":
-                hint = "check the spelling; the job's own code goes in the app's custom/ folder"
-                raise _ResolveError(f"cannot import {missing_module!r}: no module named {missing_module!r}", hint)
+                message = f"cannot import {missing_module!r}: no module named {missing_module!r}"
+                raise DottedPathError(message, _JOB_CODE_HINT)
             public = [n for n in dir(target) if not n.startswith("_")]
             close = difflib.get_close_matches(name, public, n=1)
             hint = f"did you mean {close[0]!r}?" if close else None
-            raise _ResolveError(f"cannot import '{owner}.{name}': {owner!r} has no attribute {name!r}", hint)
+            raise DottedPathError(f"cannot import '{owner}.{name}': {owner!r} has no attribute {name!r}", hint)
         target, owner = getattr(target, name), f"{owner}.{name}"
     return target
 
 
-def _import_failed(module_name: str, error: BaseException) -> _ResolveError:
+def _import_failed(module_name: str, error: BaseException) -> DottedPathError:
+    text = error.msg if isinstance(error, SyntaxError) else str(error)  # str() repeats file and line
+    return DottedPathError(f"importing {module_name!r} failed{_where_raised(error)}: {type(error).__name__}: {text}")
+
+
+def _where_raised(error: BaseException) -> str:
+    """Point at the job's own line that failed, not at importlib's or a library's frames."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f" at {Path(error.filename).name}:{error.lineno}"
     frames = traceback.extract_tb(error.__traceback__)
-    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
-    return _ResolveError(f"importing {module_name!r} failed{where}: {type(error).__name__}: {error}")
+    own = [f for f in frames if not f.filename.startswith(_INSTALLED_CODE) and not f.filename.startswith("<")]
+    frame = (own or frames or [None])[-1]
+    return f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
 
 
 def _check_signature(spec: ComponentSpec, target: Any, document: ConfigDocument) -> list[Problem]:

@@ -188,7 +188,8 @@ def _check_includes(path: Path, display: str, root: Path, seen: set[Path]) -> It
             continue
         for target in targets:
             if target.is_file():
-                yield from _check_includes(target, str(target), root, seen)
+                target_display = os.path.normpath(os.path.join(os.path.dirname(display), include.target))
+                yield from _check_includes(target, target_display, root, seen)
 
 
 def _is_within(path: Path, root_real: Path) -> bool:

@@ -9,7 +9,7 @@ import torch
 
 from engine.config import ComponentSpec, ConfigDocument, build_component, check_component, job_code_on_path
 from engine.config.build import is_nested_component, resolve_dotted_path
-from engine.errors import ComponentBuildError, ConfigError
+from engine.errors import ComponentBuildError, ConfigError, DottedPathError
 
 DOC = ConfigDocument(Path("c.conf"), "c.conf", {}, {("components", 0): 7})
 
@@ -156,3 +156,27 @@ def test_job_code_leaves_no_trace(tmp_path: Path) -> None:
 )
 def test_which_arg_values_are_built(value: object, nested: bool) -> None:
     assert is_nested_component(value) is nested
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        pytest.param(
+            "x = (\n", "importing 'faulty' failed at faulty.py:1: SyntaxError: '(' was never closed", id="syntax-error"
+        ),
+        pytest.param(
+            "import json\n\njson.loads('{')\n",
+            "importing 'faulty' failed at faulty.py:3: JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+            id="library-raises-points-at-job-line",
+        ),
+    ],
+)
+def test_import_failures_point_at_the_job_line(tmp_path: Path, code: str, message: str) -> None:
+    custom = tmp_path / "custom"
+    custom.mkdir()
+    (custom / "faulty.py").write_text(code, encoding="utf-8")
+
+    with job_code_on_path(custom), pytest.raises(DottedPathError) as caught:
+        resolve_dotted_path("faulty.Thing")
+
+    assert caught.value.message == message
