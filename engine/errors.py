@@ -63,3 +63,16 @@ class ComponentBuildError(FlengineError):
     The message names the file, key path and dotted path of the component; the original
     exception is chained as ``__cause__``.
     """
+
+
+class SerializationError(FlengineError):
+    """An object cannot be turned into a FOBS message, or a message back into an object."""
+
+
+class UnknownTypeError(SerializationError):
+    """No decomposer is registered for a type (sending) or a wire type name (receiving)."""
+
+
+class MalformedMessageError(SerializationError):
+    """Bytes received are not a well-formed FOBS message (truncated, garbage, over a limit)."""
+
