@@ -151,9 +151,16 @@ class _Encoder:
 
     @staticmethod
     def _key(key: Any) -> Any:
-        if type(key) not in (str, int):
-            raise SerializationError(f"dict keys must be str or int, got {type(key).__name__} key {key!r}")
-        return key
+        kind = type(key)
+        if kind is str or kind is int:
+            return key
+        # A str or int subclass (a str-valued Enum, say) goes as its plain value, which compares
+        # and hashes equal to it, so lookups with the original key still find the entry.
+        if isinstance(key, str):
+            return "" + key
+        if isinstance(key, int) and not isinstance(key, bool):
+            return int(key)
+        raise SerializationError(f"dict keys must be str or int, got {kind.__name__} key {key!r}")
 
 
 class _Decoder:

@@ -1,0 +1,27 @@
+"""The data that workflows and training scripts exchange: `FLModel`, `Shareable`, `DXO`.
+
+Importing this package registers their FOBS decomposers in the default FOBS registry, so any
+process that handles these types can send and receive them; `register_model_types` does the same
+for another registry.
+"""
+
+from engine.fobs import default_registry
+from engine.model.decomposers import register_model_types
+from engine.model.dxo import DXO, DataKind, MetaKey
+from engine.model.fl_model import FLModel, ParamsType
+from engine.model.shareable import ReservedHeaderKey, ReturnCode, Shareable, make_reply
+
+register_model_types(default_registry())
+
+__all__ = [
+    "DXO",
+    "DataKind",
+    "FLModel",
+    "MetaKey",
+    "ParamsType",
+    "ReservedHeaderKey",
+    "ReturnCode",
+    "Shareable",
+    "make_reply",
+    "register_model_types",
+]
