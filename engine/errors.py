@@ -76,3 +76,7 @@ class UnknownTypeError(SerializationError):
 class MalformedMessageError(SerializationError):
     """Bytes received are not a well-formed FOBS message (truncated, garbage, over a limit)."""
 
+
+class StreamingError(FlengineError):
+    """A download cannot go on: a lying header, a chunk that does not fit, a failed consumer."""
+

@@ -1,0 +1,172 @@
+"""Consumers: where the chunks of one download land, in whatever order they arrive.
+
+`MemoryConsumer` places each chunk straight into preallocated tensors; `DiskConsumer` writes
+the stream into a ``.safetensors`` file without parsing any tensor. Both check every chunk
+(index, duplicates, size) and free what they made when the download is aborted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.errors import StreamingError
+from engine.fobs.arrays import readonly_byte_tensor
+from engine.fobs.dtypes import torch_dtype
+from engine.streaming.layout import StreamLayout
+
+
+class StreamConsumer(ABC):
+    """Takes the chunks of one stream and builds the result.
+
+    Args:
+        layout: The stream's layout, as received (and checked) from the sender.
+        chunk_bytes: The chunk size the stream is pulled with, in bytes.
+    """
+
+    def __init__(self, layout: StreamLayout, chunk_bytes: int) -> None:
+        self.layout = layout
+        self.chunk_bytes = chunk_bytes
+        self.chunk_count = layout.chunk_count(chunk_bytes)
+        self._received: set[int] = set()
+
+    def accept(self, index: int, frames: Sequence[Any]) -> None:
+        """Take chunk ``index``, given as the frames it arrived in.
+
+        Raises:
+            StreamingError: The index is out of range or already taken, or the chunk's size is
+                not the size the layout gives it.
+        """
+        if not 0 <= index < self.chunk_count:
+            raise StreamingError(f"chunk {index} is out of range: the stream has {self.chunk_count} chunks")
+        if index in self._received:
+            raise StreamingError(f"chunk {index} arrived twice")
+        start = index * self.chunk_bytes
+        expected = min(self.chunk_bytes, self.layout.total_bytes - start)
+        pieces = [memoryview(frame).cast("B") for frame in frames]
+        size = sum(piece.nbytes for piece in pieces)
+        if size != expected:
+            raise StreamingError(f"chunk {index} has {size} bytes, expected {expected}")
+        for piece in pieces:
+            self._write(start, piece)
+            start += piece.nbytes
+        self._received.add(index)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every chunk has been taken."""
+        return len(self._received) == self.chunk_count
+
+    def missing(self) -> list[int]:
+        """Indices of the chunks not taken yet."""
+        return sorted(set(range(self.chunk_count)) - self._received)
+
+    def _require_complete(self) -> None:
+        if not self.complete:
+            missing = self.missing()
+            raise StreamingError(
+                f"download incomplete: {len(missing)} of {self.chunk_count} chunks missing (first {missing[0]})"
+            )
+
+    @abstractmethod
+    def _write(self, offset: int, piece: memoryview) -> None:
+        """Put ``piece`` at byte ``offset`` of the stream."""
+
+    @abstractmethod
+    def finish(self) -> Any:
+        """Return the result once every chunk is in (raises `StreamingError` otherwise)."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Drop everything made so far; safe to call more than once."""
+
+
+class MemoryConsumer(StreamConsumer):
+    """Builds a dict of CPU tensors, each allocated once and filled in place as chunks land."""
+
+    def __init__(self, layout: StreamLayout, chunk_bytes: int) -> None:
+        super().__init__(layout, chunk_bytes)
+        self._tensors: dict[str, torch.Tensor] | None = {
+            entry.name: torch.empty(entry.shape, dtype=torch_dtype(entry.dtype)) for entry in layout.entries
+        }
+        self._targets = [self._tensors[entry.name].reshape(-1).view(torch.uint8) for entry in layout.entries]
+        self._ends = [entry.end for entry in layout.entries]
+
+    def _write(self, offset: int, piece: memoryview) -> None:
+        data_offset = offset - self.layout.data_start
+        if data_offset < 0:  # the header part: already known from the reference, so it must match
+            header_part = self.layout.header[offset : offset + piece.nbytes]
+            if piece[: len(header_part)] != header_part:
+                raise StreamingError("the streamed header differs from the one announced")
+            piece, data_offset = piece[len(header_part) :], 0
+        position = 0
+        index = bisect.bisect_right(self._ends, data_offset)
+        while position < piece.nbytes:
+            entry, target = self.layout.entries[index], self._targets[index]
+            begin = data_offset + position - entry.begin
+            count = min(entry.nbytes - begin, piece.nbytes - position)
+            if count:
+                target[begin : begin + count].copy_(readonly_byte_tensor(piece[position : position + count]))
+            position += count
+            index += 1
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        self._require_complete()
+        tensors, self._tensors, self._targets = self._tensors, None, []
+        if tensors is None:
+            raise StreamingError("the download was aborted")
+        return tensors
+
+    def abort(self) -> None:
+        self._tensors, self._targets = None, []
+
+
+class DiskConsumer(StreamConsumer):
+    """Writes the stream into one ``.safetensors`` file; nothing is parsed but the header.
+
+    Args:
+        layout: The stream's layout.
+        chunk_bytes: The chunk size, in bytes.
+        path: The file to create; it must not exist. Space for the whole file is reserved up
+            front, so a full disk fails the download at once, naming the folder and the bytes.
+    """
+
+    def __init__(self, layout: StreamLayout, chunk_bytes: int, path: Path) -> None:
+        super().__init__(layout, chunk_bytes)
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            if layout.total_bytes:
+                os.posix_fallocate(self._fd, 0, layout.total_bytes)
+        except OSError as e:
+            self.abort()
+            raise StreamingError(
+                f"cannot reserve {layout.total_bytes} bytes in {path.parent} for a download: {e.strerror}"
+            ) from e
+
+    def _write(self, offset: int, piece: memoryview) -> None:
+        if self._fd is None:
+            raise StreamingError(f"the download into {self.path} was aborted")
+        written = os.pwrite(self._fd, piece, offset)
+        while written < piece.nbytes:  # a short write: keep going from where it stopped
+            written += os.pwrite(self._fd, piece[written:], offset + written)
+
+    def finish(self) -> Path:
+        self._require_complete()
+        if self._fd is None:
+            raise StreamingError(f"the download into {self.path} was aborted")
+        os.close(self._fd)
+        self._fd = None
+        return self.path
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self.path.unlink(missing_ok=True)
