@@ -1,0 +1,120 @@
+"""`DownloadRegistry`: the sender's book of downloadables, their receivers and their deadlines.
+
+Plain bookkeeping, no sockets: the download service asks it to answer each chunk request, and
+it frees a downloadable when every receiver has finished, when its transaction times out
+(a receiver vanished), or when the job ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from engine.errors import StreamingError
+from engine.streaming.downloadable import TensorDownloadable
+
+log = logging.getLogger(__name__)
+
+
+class DownloadRefused(StreamingError):
+    """A chunk request the sender will not serve; the reason is sent back to the requester."""
+
+
+@dataclass
+class _Transaction:
+    downloadable: TensorDownloadable
+    receivers: frozenset[str] | None  # None: anyone who knows the ref may download
+    timeout_s: float
+    deadline: float
+    done: set[str] = field(default_factory=set)
+
+
+class DownloadRegistry:
+    """Downloadables by ref id, each served to a set of receivers until they are all done.
+
+    Args:
+        clock: Seconds, monotonic; tests pass their own.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._transactions: dict[str, _Transaction] = {}
+        self._lock = threading.Lock()
+
+    def add(self, downloadable: TensorDownloadable, receivers: Iterable[str] | None, timeout_s: float) -> str:
+        """Register ``downloadable`` for ``receivers``; return its ref id.
+
+        Args:
+            downloadable: What to serve.
+            receivers: Names of the cells that will download it (all of them must finish
+                before it is freed), or None for anyone holding the ref (freed on timeout only).
+            timeout_s: Seconds without any request after which the transaction is dropped.
+        """
+        ref = uuid.uuid4().hex
+        members = frozenset(receivers) if receivers is not None else None
+        with self._lock:
+            self._transactions[ref] = _Transaction(downloadable, members, timeout_s, self._clock() + timeout_s)
+        return ref
+
+    def chunk(self, ref: str, requester: str, index: int) -> list[memoryview]:
+        """Serve chunk ``index`` of ``ref`` to ``requester`` and push the transaction's deadline.
+
+        Raises:
+            DownloadRefused: Unknown or finished ref, a requester that is not a receiver, or an
+                index out of range.
+        """
+        with self._lock:
+            transaction = self._transactions.get(ref)
+            if transaction is None:
+                raise DownloadRefused(f"unknown or finished download {ref!r}")
+            if transaction.receivers is not None and requester not in transaction.receivers:
+                raise DownloadRefused(f"{requester!r} is not a receiver of download {ref!r}")
+            transaction.deadline = self._clock() + transaction.timeout_s
+            downloadable = transaction.downloadable
+        if type(index) is not int or not 0 <= index < downloadable.chunk_count:
+            raise DownloadRefused(
+                f"chunk {index!r} is out of range: download {ref!r} has {downloadable.chunk_count} chunks"
+            )
+        return downloadable.chunk(index)
+
+    def finish(self, ref: str, receiver: str) -> bool:
+        """Record that ``receiver`` has everything; free the downloadable when all have. Return True if freed."""
+        with self._lock:
+            transaction = self._transactions.get(ref)
+            if transaction is None:
+                return False
+            transaction.done.add(receiver)
+            if transaction.receivers is None or not transaction.receivers <= transaction.done:
+                return False
+            del self._transactions[ref]
+        transaction.downloadable.release()
+        log.debug("download finished ref=%s receivers=%d", ref, len(transaction.done))
+        return True
+
+    def expire(self) -> list[str]:
+        """Drop every transaction past its deadline; return their ref ids."""
+        now = self._clock()
+        with self._lock:
+            expired = {ref: t for ref, t in self._transactions.items() if t.deadline <= now}
+            for ref in expired:
+                del self._transactions[ref]
+        for ref, transaction in expired.items():
+            pending = sorted((transaction.receivers or frozenset()) - transaction.done)
+            log.warning("download timed out ref=%s unfinished_receivers=%s", ref, pending)
+            transaction.downloadable.release()
+        return list(expired)
+
+    def close(self) -> None:
+        """Drop every transaction (the job ends)."""
+        with self._lock:
+            transactions, self._transactions = list(self._transactions.values()), {}
+        for transaction in transactions:
+            transaction.downloadable.release()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._transactions)

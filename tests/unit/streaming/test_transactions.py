@@ -1,0 +1,121 @@
+"""The sender's book of downloads: who may pull what, and when everything is freed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.streaming.downloadable import TensorDownloadable
+from engine.streaming.layout import StreamLayout
+from engine.streaming.transactions import DownloadRefused, DownloadRegistry
+
+
+class FakeClock:
+    """Seconds that pass only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def downloadable(**tensors: torch.Tensor) -> TensorDownloadable:
+    return TensorDownloadable(tensors or {"w": torch.arange(1000.0)}, chunk_bytes=1024)
+
+
+def test_chunks_of_a_downloadable_are_those_of_its_layout() -> None:
+    tensors = {"w": torch.arange(1000.0), "b": torch.ones(3)}
+    served = TensorDownloadable(tensors, chunk_bytes=1024)
+
+    stream = b"".join(bytes(p) for i in range(served.chunk_count) for p in served.chunk(i))
+
+    assert stream[: len(served.layout.header)] == StreamLayout.of_tensors(tensors).header
+    assert len(stream) == served.layout.total_bytes
+
+
+def test_a_non_contiguous_tensor_is_copied_once_and_cached() -> None:
+    weight = torch.arange(64.0).reshape(8, 8).t()  # a transposed view
+    served = TensorDownloadable({"w": weight}, chunk_bytes=16)
+
+    first = [served.chunk(i) for i in range(served.chunk_count)]
+
+    assert len(served._copies) == 1
+    data = b"".join(bytes(p) for pieces in first for p in pieces)[len(served.layout.header) :]
+    assert data == weight.contiguous().numpy().tobytes()
+
+
+def test_the_copy_cache_is_bounded_in_bytes() -> None:
+    tensors = {f"t{i}": torch.arange(256.0).reshape(16, 16).t() for i in range(4)}  # 1 KiB each
+    served = TensorDownloadable(tensors, chunk_bytes=512, copy_cache_bytes=2048)
+
+    for index in range(served.chunk_count):
+        served.chunk(index)
+
+    assert served._copied_bytes <= 2048
+    assert len(served._copies) == 2
+
+
+def test_registry_serves_its_receivers_and_frees_after_the_last() -> None:
+    registry = DownloadRegistry()
+    served = downloadable()
+    ref = registry.add(served, ["site-1", "site-2"], timeout_s=60)
+
+    assert registry.chunk(ref, "site-1", 0)
+    assert registry.finish(ref, "site-1") is False
+    assert registry.finish(ref, "site-2") is True
+    assert len(registry) == 0
+    assert served.tensors == {}
+
+
+@pytest.mark.parametrize(
+    ("ref", "requester", "index", "match"),
+    [
+        pytest.param("nope", "site-1", 0, r"unknown or finished download 'nope'", id="unknown-ref"),
+        pytest.param(None, "site-9", 0, r"'site-9' is not a receiver of download", id="not-a-receiver"),
+        pytest.param(
+            None, "site-1", 99, r"chunk 99 is out of range: download '[0-9a-f]+' has 4 chunks", id="index-out-of-range"
+        ),
+        pytest.param(None, "site-1", "0", r"chunk '0' is out of range", id="index-not-int"),
+    ],
+)
+def test_registry_refuses_bad_requests(ref: str | None, requester: str, index: object, match: str) -> None:
+    registry = DownloadRegistry()
+    real = registry.add(downloadable(), ["site-1"], timeout_s=60)
+
+    with pytest.raises(DownloadRefused, match=match):
+        registry.chunk(ref or real, requester, index)  # type: ignore[arg-type]
+
+    assert registry.chunk(real, "site-1", 0)  # the service keeps serving
+
+
+def test_a_vanished_receiver_lets_the_transaction_time_out() -> None:
+    clock = FakeClock()
+    registry = DownloadRegistry(clock)
+    served = downloadable()
+    ref = registry.add(served, ["site-1", "site-2"], timeout_s=10)
+    registry.finish(ref, "site-1")
+
+    clock.now = 9.0
+    registry.chunk(ref, "site-2", 1)  # activity pushes the deadline
+    clock.now = 18.0
+    assert registry.expire() == []
+    clock.now = 19.5
+    assert registry.expire() == [ref]
+
+    assert len(registry) == 0
+    assert served.tensors == {}
+    with pytest.raises(DownloadRefused, match=r"unknown or finished download"):
+        registry.chunk(ref, "site-2", 2)
+
+
+def test_close_frees_everything() -> None:
+    registry = DownloadRegistry()
+    served = [downloadable() for _ in range(3)]
+    for item in served:
+        registry.add(item, None, timeout_s=60)
+
+    registry.close()
+
+    assert len(registry) == 0
+    assert all(item.tensors == {} for item in served)
