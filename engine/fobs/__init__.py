@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.fobs import serializer
 from engine.fobs.arrays import NumpyArrayDecomposer, NumpyScalarDecomposer, TensorDecomposer
-from engine.fobs.builtin import BUILTIN_DECOMPOSERS
+from engine.fobs.builtin import builtin_decomposers
 from engine.fobs.context import DecodeContext, EncodeContext
 from engine.fobs.datum import Buffer, Datum, DatumType
 from engine.fobs.decomposer import Decomposer
@@ -28,9 +28,7 @@ from engine.fobs.registry import Registry
 def default_registry() -> Registry:
     """Return the process-wide registry, with flengine's decomposers registered."""
     registry = Registry()
-    for decomposer_type in BUILTIN_DECOMPOSERS:
-        registry.register(decomposer_type())
-    for decomposer in (NumpyArrayDecomposer(), NumpyScalarDecomposer(), TensorDecomposer()):
+    for decomposer in [*builtin_decomposers(), NumpyArrayDecomposer(), NumpyScalarDecomposer(), TensorDecomposer()]:
         registry.register(decomposer)
     return registry
 

@@ -11,43 +11,24 @@ from engine.fobs.context import DecodeContext, EncodeContext
 from engine.fobs.decomposer import Decomposer
 
 
-class TupleDecomposer(Decomposer[tuple]):
-    """Tuples travel as lists and come back as tuples."""
+class AsListDecomposer(Decomposer[Any]):
+    """A collection msgpack has no form for (tuple, set, frozenset) travels as a list.
 
-    def supported_type(self) -> type[tuple]:
-        return tuple
+    Args:
+        collection_type: The type to rebuild from the list; it must accept an iterable.
+    """
 
-    def decompose(self, obj: tuple, ctx: EncodeContext) -> Any:
+    def __init__(self, collection_type: type) -> None:
+        self._collection_type = collection_type
+
+    def supported_type(self) -> type:
+        return self._collection_type
+
+    def decompose(self, obj: Any, ctx: EncodeContext) -> Any:
         return list(obj)
 
-    def recompose(self, data: Any, ctx: DecodeContext) -> tuple:
-        return tuple(data)
-
-
-class SetDecomposer(Decomposer[set]):
-    """Sets travel as lists."""
-
-    def supported_type(self) -> type[set]:
-        return set
-
-    def decompose(self, obj: set, ctx: EncodeContext) -> Any:
-        return list(obj)
-
-    def recompose(self, data: Any, ctx: DecodeContext) -> set:
-        return set(data)
-
-
-class FrozenSetDecomposer(Decomposer[frozenset]):
-    """Frozen sets travel as lists."""
-
-    def supported_type(self) -> type[frozenset]:
-        return frozenset
-
-    def decompose(self, obj: frozenset, ctx: EncodeContext) -> Any:
-        return list(obj)
-
-    def recompose(self, data: Any, ctx: DecodeContext) -> frozenset:
-        return frozenset(data)
+    def recompose(self, data: Any, ctx: DecodeContext) -> Any:
+        return self._collection_type(data)
 
 
 class OrderedDictDecomposer(Decomposer[OrderedDict]):
@@ -128,12 +109,14 @@ class EnumDecomposer(Decomposer[Enum]):
         return self._enum_type(data)
 
 
-BUILTIN_DECOMPOSERS: tuple[type[Decomposer[Any]], ...] = (
-    TupleDecomposer,
-    SetDecomposer,
-    FrozenSetDecomposer,
-    OrderedDictDecomposer,
-    DatetimeDecomposer,
-    DateDecomposer,
-    TimedeltaDecomposer,
-)
+def builtin_decomposers() -> list[Decomposer[Any]]:
+    """Return fresh instances of the decomposers above, for a new registry."""
+    return [
+        AsListDecomposer(tuple),
+        AsListDecomposer(set),
+        AsListDecomposer(frozenset),
+        OrderedDictDecomposer(),
+        DatetimeDecomposer(),
+        DateDecomposer(),
+        TimedeltaDecomposer(),
+    ]

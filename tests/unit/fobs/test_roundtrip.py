@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine import fobs
+from engine.fobs.builtin import builtin_decomposers
 from engine.fobs.datum import DATUM_THRESHOLD_BYTES
 from engine.fobs.dtypes import _TORCH_BY_NAME
 
@@ -30,7 +31,7 @@ class Color(Enum):
 
 def registry_with_color() -> fobs.Registry:
     registry = fobs.Registry()
-    for decomposer in fobs.default_registry()._by_type.values():  # reuse the built-in ones
+    for decomposer in builtin_decomposers():
         registry.register(decomposer)
     registry.register_enum(Color)
     return registry
