@@ -80,3 +80,34 @@ class MalformedMessageError(SerializationError):
 class StreamingError(FlengineError):
     """A download cannot go on: a lying header, a chunk that does not fit, a failed consumer."""
 
+
+class CellError(FlengineError):
+    """Base of the errors of the cells (messaging) layer."""
+
+
+class CellClosedError(CellError):
+    """The cell is not started, or it stopped before the operation could finish."""
+
+
+class CellTimeoutError(CellError):
+    """No reply came within the request's timeout; the message names target, channel and topic."""
+
+
+class CellUnreachableError(CellError):
+    """The target cell is not connected, vanished, or its connection dropped mid-request."""
+
+
+class CellMessageTooLargeError(CellError):
+    """A message exceeds ``max_message_size_bytes``; checked before any byte is sent."""
+
+
+class CellRemoteError(CellError):
+    """The peer answered with an error status (its handler raised, no handler, refused input)."""
+
+
+class CellProtocolError(CellError):
+    """Bytes from the network break the cells wire protocol.
+
+    Raised only inside the cells layer while decoding; the I/O thread answers it with an error
+    status or counts and logs it, and never lets it escape.
+    """

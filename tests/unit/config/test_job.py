@@ -40,7 +40,7 @@ BAD_INPUT = [
         {"app/config/config_fed_server.conf": SERVER + "tensor_download_chunk_sise = 1\n"},
         [
             f"{S}:11: tensor_download_chunk_sise: unknown key 'tensor_download_chunk_sise' (did you mean "
-            "'tensor_download_chunk_size'? accepted: components, format_version, np_download_chunk_size, "
+            "'tensor_download_chunk_size'? accepted: cell, components, format_version, np_download_chunk_size, "
             "streaming_per_request_timeout, task_data_filters, task_result_filters, tensor_download_chunk_size, "
             "workflows)"
         ],

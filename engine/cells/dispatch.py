@@ -1,0 +1,68 @@
+"""Running one handler on a pool thread and turning its outcome into the reply to send."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from engine.cells.envelope import Envelope, encode_envelope
+from engine.cells.framing import frame_message
+from engine.cells.handlers import Handler
+from engine.cells.message import Message, Reply
+from engine.cells.protocol import WIRE_STATUSES, Kind, Status
+from engine.errors import CellMessageTooLargeError
+
+logger = logging.getLogger(__name__)
+
+
+def run_handler(
+    handler: Handler,
+    message: Message,
+    *,
+    next_id: Callable[[], int],
+    limit_bytes: int,
+    count: Callable[[str], None],
+) -> tuple[Envelope, list[Any]] | None:
+    """Call ``handler`` and build the reply to a request; None for a fire-and-forget message.
+
+    A handler that raises, returns something other than a Reply or None, or returns a reply
+    that cannot be sent (too large, unencodable header) yields an error reply that says so; the
+    exception is logged here and never reaches the pool.
+
+    Args:
+        handler: The registered handler.
+        message: The received message.
+        next_id: Returns a fresh message id for the reply.
+        limit_bytes: ``max_message_size_bytes`` of the replying cell.
+        count: Adds one to a named counter of the cell.
+
+    Returns:
+        The reply's envelope and wire frames, or None when nothing is to be sent.
+    """
+    request = message.envelope
+    me = request.target
+    where = f"channel={request.channel!r} topic={request.topic!r}"
+    try:
+        result = handler(message)
+    except Exception as e:
+        count("handler_errors")
+        logger.exception("handler raised: cell=%s %s from=%s", me, where, request.source)
+        result = Reply(status=Status.ERROR, reason=f"{me}: handler for {where} raised {type(e).__name__}: {e}")
+    if request.kind is not Kind.REQUEST:
+        return None
+    if result is None:
+        result = Reply()
+    elif not isinstance(result, Reply) or result.status not in WIRE_STATUSES:
+        result = Reply(
+            status=Status.ERROR,
+            reason=f"{me}: handler for {where} returned {result!r}; return a Reply (status ok, error, "
+            "timeout or unreachable) or None",
+        )
+    answer = request.reply(next_id(), result.status, result.reason, result.header)
+    try:
+        return answer, frame_message(answer, result.frames, limit_bytes)
+    except (ValueError, CellMessageTooLargeError) as e:
+        logger.error("handler reply refused: cell=%s %s error=%s", me, where, e)
+        failure = request.reply(next_id(), Status.ERROR, f"{me}: reply of handler for {where} refused: {e}")
+        return failure, [encode_envelope(failure)]

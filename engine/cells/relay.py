@@ -1,0 +1,96 @@
+"""Requests the server forwarded between two other cells, so it can answer for a lost target.
+
+When ``site-1`` asks ``site-2`` through the server and ``site-2`` vanishes, only the server
+learns it (from its heartbeats). The relay table remembers each forwarded request until its
+reply passes back, its timeout passes, or its target goes away; in the last case the server
+answers the requester with status unreachable instead of letting it wait out its timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+
+_MIN_TTL_S = 1.0
+_COMPACT_SLACK = 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RelayedRequest:
+    """A request forwarded by the server.
+
+    Attributes:
+        source: FQCN of the requester.
+        msg_id: The requester's message id.
+        target: FQCN the request was forwarded to.
+        channel: Channel of the request.
+        topic: Topic of the request.
+        deadline_s: Monotonic time after which the requester has given up.
+    """
+
+    source: str
+    msg_id: int
+    target: str
+    channel: str
+    topic: str
+    deadline_s: float
+
+
+class RelayTable:
+    """Forwarded requests keyed by (requester, msg_id); owned by the server's I/O thread."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, int], RelayedRequest] = {}
+        self._deadlines: list[tuple[float, str, int]] = []
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(
+        self,
+        source: str,
+        msg_id: int,
+        target: str,
+        channel: str,
+        topic: str,
+        now_s: float,
+        timeout_s: float,
+    ) -> None:
+        """Remember a forwarded request for ``timeout_s`` seconds (at least one second)."""
+        deadline_s = now_s + max(timeout_s, _MIN_TTL_S)
+        self._entries[(source, msg_id)] = RelayedRequest(source, msg_id, target, channel, topic, deadline_s)
+        heapq.heappush(self._deadlines, (deadline_s, source, msg_id))
+        if len(self._deadlines) > 2 * len(self._entries) + _COMPACT_SLACK:  # drop answered ones
+            self._deadlines = [(r.deadline_s, r.source, r.msg_id) for r in self._entries.values()]
+            heapq.heapify(self._deadlines)
+
+    def complete(self, requester: str, msg_id: int) -> RelayedRequest | None:
+        """Forget a request whose reply is being forwarded back to ``requester``."""
+        return self._entries.pop((requester, msg_id), None)
+
+    def drop_target(self, target: str) -> list[RelayedRequest]:
+        """Remove and return the requests forwarded to a cell that went away."""
+        lost = [r for r in self._entries.values() if r.target == target]
+        for relayed in lost:
+            del self._entries[(relayed.source, relayed.msg_id)]
+        return lost
+
+    def drop_source(self, source: str) -> int:
+        """Forget the requests of a requester that went away; return how many."""
+        keys = [k for k in self._entries if k[0] == source]
+        for key in keys:
+            del self._entries[key]
+        return len(keys)
+
+    def expire(self, now_s: float) -> int:
+        """Forget requests whose requester has stopped waiting; return how many."""
+        count = 0
+        while self._deadlines and self._deadlines[0][0] <= now_s:
+            deadline_s, source, msg_id = heapq.heappop(self._deadlines)
+            entry = self._entries.get((source, msg_id))
+            if entry is not None and entry.deadline_s == deadline_s:
+                del self._entries[(source, msg_id)]
+                count += 1
+        if not self._entries:
+            self._deadlines.clear()
+        return count

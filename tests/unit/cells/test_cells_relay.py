@@ -1,0 +1,45 @@
+"""RelayTable: the server's memory of requests it forwarded."""
+
+from __future__ import annotations
+
+from engine.cells.relay import RelayTable
+
+
+def test_complete_forgets_the_request() -> None:
+    relay = RelayTable()
+    relay.add("site-1", 7, "site-2", "c", "t", now_s=0.0, timeout_s=10.0)
+
+    assert relay.complete("site-1", 7).target == "site-2"
+    assert relay.complete("site-1", 7) is None and len(relay) == 0
+
+
+def test_drop_target_returns_what_must_be_answered() -> None:
+    relay = RelayTable()
+    relay.add("site-1", 7, "site-2", "c", "t", now_s=0.0, timeout_s=10.0)
+    relay.add("site-3", 8, "site-2", "c", "t", now_s=0.0, timeout_s=10.0)
+    relay.add("site-1", 9, "site-4", "c", "t", now_s=0.0, timeout_s=10.0)
+
+    lost = relay.drop_target("site-2")
+
+    assert sorted((r.source, r.msg_id) for r in lost) == [("site-1", 7), ("site-3", 8)]
+    assert len(relay) == 1
+
+
+def test_drop_source_and_expire() -> None:
+    relay = RelayTable()
+    relay.add("site-1", 1, "site-2", "c", "t", now_s=0.0, timeout_s=2.0)
+    relay.add("site-1", 2, "site-2", "c", "t", now_s=0.0, timeout_s=60.0)
+    relay.add("site-3", 3, "site-2", "c", "t", now_s=0.0, timeout_s=0.0)  # at least 1 s
+
+    assert relay.expire(now_s=0.5) == 0
+    assert relay.expire(now_s=2.0) == 2
+    assert relay.drop_source("site-1") == 1 and len(relay) == 0
+
+
+def test_deadlines_of_answered_requests_do_not_pile_up() -> None:
+    relay = RelayTable()
+    for i in range(10_000):
+        relay.add("site-1", i, "site-2", "c", "t", now_s=0.0, timeout_s=600.0)
+        relay.complete("site-1", i)
+
+    assert len(relay._deadlines) < 3000
