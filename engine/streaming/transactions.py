@@ -60,21 +60,28 @@ class DownloadRegistry:
             self._transactions[ref] = _Transaction(downloadable, members, timeout_s, self._clock() + timeout_s)
         return ref
 
-    def chunk(self, ref: str, requester: str, index: int) -> list[memoryview]:
-        """Serve chunk ``index`` of ``ref`` to ``requester`` and push the transaction's deadline.
+    def lookup(self, ref: str, requester: str) -> TensorDownloadable:
+        """Return the downloadable ``ref`` for ``requester`` and push the transaction's deadline.
 
         Raises:
-            DownloadRefused: Unknown or finished ref, a requester that is not a receiver, or an
-                index out of range.
+            DownloadRefused: Unknown or finished ref, or a requester that is not a receiver.
         """
         with self._lock:
-            transaction = self._transactions.get(ref)
+            transaction = self._transactions.get(ref) if isinstance(ref, str) else None
             if transaction is None:
                 raise DownloadRefused(f"unknown or finished download {ref!r}")
             if transaction.receivers is not None and requester not in transaction.receivers:
                 raise DownloadRefused(f"{requester!r} is not a receiver of download {ref!r}")
             transaction.deadline = self._clock() + transaction.timeout_s
-            downloadable = transaction.downloadable
+            return transaction.downloadable
+
+    def chunk(self, ref: str, requester: str, index: int) -> list[memoryview]:
+        """Serve chunk ``index`` of ``ref`` to ``requester`` (see `lookup`).
+
+        Raises:
+            DownloadRefused: As `lookup`, or an index out of range.
+        """
+        downloadable = self.lookup(ref, requester)
         if type(index) is not int or not 0 <= index < downloadable.chunk_count:
             raise DownloadRefused(
                 f"chunk {index!r} is out of range: download {ref!r} has {downloadable.chunk_count} chunks"

@@ -1,0 +1,156 @@
+"""Downloads between real processes over TCP loopback: correctness, refusals, and peers that die."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.cells import Cell, CellSettings, Status
+from engine.errors import StreamingError
+from engine.streaming.consumers import DiskConsumer
+from engine.streaming.service import CHANNEL, TOPIC_CHUNK, TOPIC_INFO, DownloadService, download_tensors
+
+from .streaming_peer import CHUNK_BYTES, HEARTBEAT, seeded_tensors
+
+PEER = Path(__file__).with_name("streaming_peer.py")
+
+
+class Processes:
+    """Child processes and cells of one test; all are ended when the test ends."""
+
+    def __init__(self) -> None:
+        self.children: list[subprocess.Popen[str]] = []
+        self.cells: list[Cell] = []
+
+    def spawn(self, *args: str) -> subprocess.Popen[str]:
+        child = subprocess.Popen(
+            [sys.executable, str(PEER), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.children.append(child)
+        return child
+
+    def cell(self, fqcn: str, connect_to: str | None = None) -> Cell:
+        cell = Cell(fqcn, CellSettings(port=0, **HEARTBEAT), connect_to=connect_to).start()
+        self.cells.append(cell)
+        if connect_to:
+            assert cell.wait_connected(timeout_s=10), f"{fqcn} did not connect"
+        return cell
+
+    def close(self) -> None:
+        for cell in reversed(self.cells):
+            cell.stop(timeout_s=3)
+        for child in self.children:
+            if child.poll() is None:
+                child.stdin.close()
+                try:
+                    child.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait(timeout=5)
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    opened = Processes()
+    yield opened
+    opened.close()
+
+
+def read_line(child: subprocess.Popen[str], prefix: str, timeout_s: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if line.startswith(prefix):
+            return line.split()[1:]
+        if not line and child.poll() is not None:
+            break
+    raise AssertionError(f"peer did not print {prefix!r} (exit code {child.poll()})")
+
+
+def test_download_from_another_process_is_bitwise_equal(processes: Processes) -> None:
+    sender = processes.spawn("serve", "site-1")
+    endpoint, ref = read_line(sender, "READY")
+    receiver = processes.cell("site-1", connect_to=endpoint)
+
+    received = download_tensors(receiver, "server", ref, per_request_timeout_s=10)
+
+    expected = seeded_tensors()
+    assert list(sorted(received)) == sorted(expected)
+    assert all(torch.equal(received[name], tensor) for name, tensor in expected.items())
+
+
+def test_bad_requests_get_error_replies_and_the_service_keeps_serving(processes: Processes) -> None:
+    sender = processes.spawn("serve", "site-1")
+    endpoint, ref = read_line(sender, "READY")
+    stranger = processes.cell("site-2", connect_to=endpoint)
+    receiver = processes.cell("site-1", connect_to=endpoint)
+
+    unknown = receiver.request_async("server", CHANNEL, TOPIC_INFO, {"ref": "no-such-ref"}).result(10)
+    out_of_range = receiver.request_async("server", CHANNEL, TOPIC_CHUNK, {"ref": ref, "index": 10**6}).result(10)
+    not_a_receiver = stranger.request_async("server", CHANNEL, TOPIC_INFO, {"ref": ref}).result(10)
+
+    assert (unknown.status, unknown.reason) == (Status.ERROR, "unknown or finished download 'no-such-ref'")
+    assert out_of_range.status is Status.ERROR and "chunk 1000000 is out of range" in out_of_range.reason
+    assert not_a_receiver.status is Status.ERROR and "'site-2' is not a receiver" in not_a_receiver.reason
+    received = download_tensors(receiver, "server", ref, per_request_timeout_s=10)
+    assert torch.equal(received["layers.0.weight"], seeded_tensors()["layers.0.weight"])
+
+
+class SlowDiskConsumer(DiskConsumer):
+    """Writes to disk and takes its time, so the sender can die mid-download."""
+
+    first_chunk_in = None
+
+    def accept(self, index, frames) -> None:  # type: ignore[no-untyped-def]
+        super().accept(index, frames)
+        if SlowDiskConsumer.first_chunk_in is not None:
+            SlowDiskConsumer.first_chunk_in()
+            SlowDiskConsumer.first_chunk_in = None
+        time.sleep(0.1)
+
+
+def test_sender_killed_mid_download_fails_fast_and_frees_the_partial_file(processes: Processes, tmp_path: Path) -> None:
+    sender = processes.spawn("serve", "site-1")
+    endpoint, ref = read_line(sender, "READY")
+    receiver = processes.cell("site-1", connect_to=endpoint)
+    SlowDiskConsumer.first_chunk_in = sender.kill
+    per_request_timeout_s = 30.0
+
+    start = time.monotonic()
+    with pytest.raises(StreamingError, match=rf"download '{ref}' from 'server'"):
+        download_tensors(
+            receiver,
+            "server",
+            ref,
+            per_request_timeout_s=per_request_timeout_s,
+            consumer_factory=lambda layout, chunk: SlowDiskConsumer(layout, chunk, tmp_path / "partial.safetensors"),
+            max_in_flight=1,
+        )
+
+    assert time.monotonic() - start < per_request_timeout_s / 2  # noticed by the heartbeat, not the timeout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_receiver_killed_mid_download_lets_the_sender_free_everything(processes: Processes) -> None:
+    server = processes.cell("server")
+    service = DownloadService(server, sweep_interval_s=0.2)
+    receiver = processes.spawn("fetch", server.endpoint)
+    read_line(receiver, "CONNECTED")
+    ref = service.add_tensors(seeded_tensors(), CHUNK_BYTES, receivers=["site-1"], timeout_s=1.5)
+    receiver.stdin.write(ref + "\n")
+    receiver.stdin.flush()
+    read_line(receiver, "STARTED")
+
+    receiver.kill()
+    deadline = time.monotonic() + 10
+    while len(service.registry) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+    assert len(service.registry) == 0
+    service.close()
