@@ -24,13 +24,18 @@ from engine.fobs.decomposer import Decomposer
 from engine.fobs.registry import Registry
 
 
-@functools.cache
-def default_registry() -> Registry:
-    """Return the process-wide registry, with flengine's decomposers registered."""
+def new_registry() -> Registry:
+    """Return a new registry holding flengine's built-in decomposers (Python types, numpy, torch)."""
     registry = Registry()
     for decomposer in [*builtin_decomposers(), NumpyArrayDecomposer(), NumpyScalarDecomposer(), TensorDecomposer()]:
         registry.register(decomposer)
     return registry
+
+
+@functools.cache
+def default_registry() -> Registry:
+    """Return the process-wide registry (built-ins, plus what layers and applications register)."""
+    return new_registry()
 
 
 def register(decomposer: Decomposer[Any]) -> None:
@@ -65,6 +70,7 @@ __all__ = [
     "EncodeContext",
     "Registry",
     "default_registry",
+    "new_registry",
     "deserialize",
     "register",
     "register_enum",

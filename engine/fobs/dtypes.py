@@ -47,6 +47,11 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise SerializationError(f"tensors of dtype {dtype} cannot be sent (supported: {supported})") from None
 
 
+def is_supported(dtype: torch.dtype) -> bool:
+    """Whether tensors of ``dtype`` can be sent (safetensors has a name for it)."""
+    return dtype in _NAME_BY_TORCH
+
+
 def torch_dtype(name: object) -> torch.dtype:
     """Return the torch dtype of a safetensors dtype name received from a peer.
 

@@ -41,6 +41,31 @@ class Registry:
             raise ValueError(f"a decomposer for {cls.__qualname__} is already registered: {self._by_type[cls]!r}")
         if name in self._by_name:
             raise ValueError(f"wire name {name!r} is already taken by {self._by_name[name]!r}")
+        self._add(decomposer, cls, name)
+
+    def replace(self, decomposer: Decomposer[Any]) -> Decomposer[Any]:
+        """Put ``decomposer`` in the place of the one registered for its type; return the old one.
+
+        For layers that change how a type travels (the streaming layer swaps the native tensor
+        decomposer for one that sends references). The new wire name must be free.
+
+        Raises:
+            ValueError: Nothing is registered for the type, or the wire name is taken.
+        """
+        cls, name = decomposer.supported_type(), decomposer.wire_name()
+        old = self._by_type.get(cls)
+        if old is None:
+            raise ValueError(f"no decomposer for {cls.__qualname__} is registered, so none can be replaced")
+        old_name = self._names[id(old)]
+        if name in self._by_name and name != old_name:
+            raise ValueError(f"wire name {name!r} is already taken by {self._by_name[name]!r}")
+        del self._by_name[old_name], self._names[id(old)]
+        if old in self._subclass_decomposers:
+            self._subclass_decomposers.remove(old)
+        self._add(decomposer, cls, name)
+        return old
+
+    def _add(self, decomposer: Decomposer[Any], cls: type, name: str) -> None:
         self._by_type[cls] = decomposer
         self._by_name[name] = decomposer
         self._names[id(decomposer)] = name

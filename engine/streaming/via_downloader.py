@@ -1,0 +1,176 @@
+"""Via-downloader decomposers: the tensors (arrays) of a message travel by download, not inline.
+
+Installed with `install_via_downloader` in place of FOBS's native tensor and array decomposers.
+While a message is serialized, every tensor is replaced by a small reference and gathered; once
+the whole message is decomposed, all of them are offered as one downloadable (produced once,
+pulled by every receiver) and a reference datum is added to the message. The receiving side
+pulls the stream before the message is rebuilt and puts each tensor back in its place. Which
+messages stream, and in what chunks, comes from the `StreamingContext` in the FOBS context's
+props; without one, or with a chunk size of 0, tensors travel inline as before.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+
+from engine.cells import Cell
+from engine.errors import SerializationError
+from engine.fobs import Datum, DatumType, DecodeContext, EncodeContext, Registry
+from engine.fobs.arrays import NumpyArrayDecomposer, TensorDecomposer
+from engine.fobs.dtypes import is_supported
+from engine.streaming.consumers import MemoryConsumer
+from engine.streaming.service import ConsumerFactory, DownloadService, download_tensors
+
+#: Key of the `StreamingContext` in ``EncodeContext.props`` / ``DecodeContext.props``.
+STREAMING_PROP = "streaming"
+#: Key of the message's receivers (FQCNs) in ``EncodeContext.props``.
+RECEIVERS_PROP = "receivers"
+
+
+@dataclass(frozen=True)
+class StreamingContext:
+    """What the via-downloader decomposers need from the cell that sends or receives.
+
+    Attributes:
+        cell: This side's cell.
+        service: The download service that serves this side's tensors (needed to send).
+        tensor_chunk_bytes: Chunk size for torch tensors; 0 sends them inline.
+        array_chunk_bytes: Chunk size for numpy arrays; 0 sends them inline.
+        per_request_timeout_s: Longest wait for one chunk request when receiving.
+        transaction_timeout_s: Seconds without requests after which an offer is dropped.
+        consumer_factory: Where received chunks land (tensors in memory by default).
+    """
+
+    cell: Cell
+    service: DownloadService | None = None
+    tensor_chunk_bytes: int = 2 * 1024 * 1024
+    array_chunk_bytes: int = 2 * 1024 * 1024
+    per_request_timeout_s: float = 600.0
+    transaction_timeout_s: float = 600.0
+    consumer_factory: ConsumerFactory = MemoryConsumer
+
+
+class _ViaDownloader(ABC):
+    """What the tensor and array versions share: gather, offer once, pull, put back."""
+
+    kind: str  # "tensors" or "arrays"
+    dot: DatumType
+
+    @abstractmethod
+    def chunk_bytes(self, context: StreamingContext) -> int:
+        """The chunk size setting of this kind of value (0 = inline)."""
+
+    def gather(self, value: torch.Tensor, ctx: EncodeContext) -> dict[str, Any] | None:
+        """Take ``value`` into the message's downloadable; None when it must travel inline."""
+        context = ctx.props.get(STREAMING_PROP)
+        if context is None or self.chunk_bytes(context) == 0 or context.service is None:
+            return None
+        gathered = ctx.state.setdefault(self.kind, {})
+        key = str(len(gathered))
+        gathered[key] = value
+        ctx.add_post_callback(self.kind, self._offer)
+        return {"item": key}
+
+    def _offer(self, ctx: EncodeContext) -> None:
+        context: StreamingContext = ctx.props[STREAMING_PROP]
+        receivers: Sequence[str] | None = ctx.props.get(RECEIVERS_PROP)
+        ref = context.service.add_tensors(
+            ctx.state[self.kind], self.chunk_bytes(context), receivers, context.transaction_timeout_s
+        )
+        reference = msgpack.packb({"ref": ref, "owner": context.cell.fqcn})
+        ctx.add_datum(Datum(reference, self.dot))
+
+    def pull(self, ctx: DecodeContext, index: int) -> None:
+        """Datum handler: download the stream a reference datum names, before objects are rebuilt."""
+        context = ctx.props.get(STREAMING_PROP)
+        if context is None:
+            raise SerializationError(f"the message streams its {self.kind}, but this side has no streaming context")
+        try:
+            reference = msgpack.unpackb(bytes(ctx.frame(index)))
+            ref, owner = reference["ref"], reference["owner"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise SerializationError(f"malformed reference to streamed {self.kind}: {e}") from e
+        ctx.state[self.kind] = download_tensors(
+            context.cell, owner, ref, context.per_request_timeout_s, context.consumer_factory
+        )
+
+    def lookup(self, data: Any, ctx: DecodeContext) -> torch.Tensor:
+        """The downloaded tensor a reference stands for."""
+        try:
+            return ctx.state[self.kind][data["item"]]
+        except (KeyError, TypeError) as e:
+            raise SerializationError(f"a streamed reference {data!r} names none of the downloaded {self.kind}") from e
+
+
+class TensorViaDownloaderDecomposer(_ViaDownloader, TensorDecomposer):
+    """torch tensors by download (``tensor_download_chunk_size``), or inline when it is 0."""
+
+    kind = "tensors"
+    dot = DatumType.TENSOR_REF
+
+    def chunk_bytes(self, context: StreamingContext) -> int:
+        return context.tensor_chunk_bytes
+
+    def wire_name(self) -> str:
+        return "flengine.Tensor"
+
+    def decompose(self, obj: torch.Tensor, ctx: EncodeContext) -> Any:
+        return self.gather(obj, ctx) or {"inline": super().decompose(obj, ctx)}
+
+    def recompose(self, data: Any, ctx: DecodeContext) -> torch.Tensor:
+        if isinstance(data, dict) and "inline" in data:
+            return super().recompose(data["inline"], ctx)
+        return self.lookup(data, ctx)
+
+
+class ArrayViaDownloaderDecomposer(_ViaDownloader, NumpyArrayDecomposer):
+    """numpy arrays by download (``np_download_chunk_size``), or inline when it is 0.
+
+    Arrays whose dtype torch cannot hold (strings, say) always travel inline.
+    """
+
+    kind = "arrays"
+    dot = DatumType.ARRAY_REF
+
+    def chunk_bytes(self, context: StreamingContext) -> int:
+        return context.array_chunk_bytes
+
+    def wire_name(self) -> str:
+        return "flengine.ndarray"
+
+    def decompose(self, obj: np.ndarray, ctx: EncodeContext) -> Any:
+        tensor = _as_tensor(obj)
+        gathered = self.gather(tensor, ctx) if tensor is not None else None
+        return gathered or {"inline": super().decompose(obj, ctx)}
+
+    def recompose(self, data: Any, ctx: DecodeContext) -> np.ndarray:
+        if isinstance(data, dict) and "inline" in data:
+            return super().recompose(data["inline"], ctx)
+        return self.lookup(data, ctx).numpy()
+
+
+def install_via_downloader(registry: Registry) -> None:
+    """Make ``registry`` send tensors and arrays by download when a message's context says so.
+
+    Replaces the native tensor and array decomposers and registers the datum handlers that pull
+    the streams. Both sides of a connection must install it.
+    """
+    for decomposer in (TensorViaDownloaderDecomposer(), ArrayViaDownloaderDecomposer()):
+        registry.replace(decomposer)
+        registry.register_datum_handler(decomposer.dot, decomposer.pull)
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor | None:
+    """A tensor sharing the array's memory, or None when torch (or safetensors) cannot hold it."""
+    try:
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+    except (TypeError, ValueError):  # a dtype torch lacks, or a non-native byte order
+        return None
+    return tensor if is_supported(tensor.dtype) else None
