@@ -143,8 +143,14 @@ def download_tensors(
         info = cell.request(source, CHANNEL, TOPIC_INFO, {"ref": ref}, timeout_s=per_request_timeout_s)
     except CellError as e:
         raise StreamingError(f"{where} failed: {e}") from e
-    layout = StreamLayout.parse(b"".join(bytes(frame) for frame in info.frames))
-    consumer = consumer_factory(layout, info.header["chunk_bytes"])
+    chunk_bytes = info.header.get("chunk_bytes")
+    if type(chunk_bytes) is not int or chunk_bytes <= 0:
+        raise StreamingError(f"{where}: the sender announced an invalid chunk size {chunk_bytes!r}")
+    try:
+        layout = StreamLayout.parse(b"".join(bytes(frame) for frame in info.frames))
+    except StreamingError as e:
+        raise StreamingError(f"{where}: {e}") from e
+    consumer = consumer_factory(layout, chunk_bytes)
     try:
         _pull_chunks(cell, source, ref, consumer, per_request_timeout_s, max_in_flight, where)
         result = consumer.finish()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cells import Cell, CellSettings, Status
+from engine.cells import Cell, CellSettings, Reply, Status
 from engine.errors import StreamingError
 from engine.streaming.consumers import DiskConsumer
 from engine.streaming.service import CHANNEL, TOPIC_CHUNK, TOPIC_INFO, DownloadService, download_tensors
@@ -154,3 +154,15 @@ def test_receiver_killed_mid_download_lets_the_sender_free_everything(processes:
 
     assert len(service.registry) == 0
     service.close()
+
+
+def test_a_sender_announcing_a_lying_header_is_refused(processes: Processes) -> None:
+    server = processes.cell("server")
+    receiver = processes.cell("site-1", connect_to=server.endpoint)
+    lies = {"chunk_bytes": 1024, "chunk_count": 1}
+    server.register_handler(
+        CHANNEL, TOPIC_INFO, lambda message: Reply(header=lies, frames=[b"\x05\x00\x00\x00\x00\x00\x00\x00{nope"])
+    )
+
+    with pytest.raises(StreamingError, match=r"download 'r1' from 'server': safetensors header is not valid JSON"):
+        download_tensors(receiver, "server", "r1", per_request_timeout_s=5)
