@@ -6,6 +6,7 @@ for another registry.
 """
 
 from engine.fobs import default_registry
+from engine.model.convert import FLMODEL_KEY, carries_model, dxo_from_model, model_from_shareable, shareable_from_model
 from engine.model.decomposers import register_model_types
 from engine.model.dxo import DXO, DataKind, MetaKey
 from engine.model.fl_model import FLModel, ParamsType
@@ -15,13 +16,18 @@ register_model_types(default_registry())
 
 __all__ = [
     "DXO",
+    "FLMODEL_KEY",
     "DataKind",
     "FLModel",
     "MetaKey",
     "ParamsType",
     "ReservedHeaderKey",
     "ReturnCode",
+    "carries_model",
+    "dxo_from_model",
     "Shareable",
     "make_reply",
+    "model_from_shareable",
     "register_model_types",
+    "shareable_from_model",
 ]

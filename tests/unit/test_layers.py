@@ -18,7 +18,15 @@ ALLOWED = {
     "cells": {"errors"},
     "streaming": {"errors", "fobs", "cells"},
     "model": {"errors", "fobs"},
-    "cli": {"errors", "config", "fobs", "cells", "streaming", "model"},
+    "controller": {"errors", "model"},
+    "aggregators": {"errors", "model"},
+    "persistors": {"errors", "model"},
+    "filters": {"errors", "model"},
+    "workflows": {"errors", "model", "controller", "aggregators", "persistors", "filters"},
+    "client": {"errors", "fobs", "cells", "streaming", "model"},
+    "executors": {"errors", "fobs", "cells", "streaming", "model", "client"},
+    "runtime": {"errors", "config", "fobs", "cells", "streaming", "model", "controller", "executors", "client", "filters"},
+    "cli": {"errors", "config", "fobs", "cells", "streaming", "model", "runtime"},
     "__main__": {"cli"},
 }
 

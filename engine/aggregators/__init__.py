@@ -1,0 +1,1 @@
+"""Aggregators: fold weighted client results into one model (`WeightedAggregationHelper`, `DXOAggregator`)."""

@@ -1,0 +1,1 @@
+"""Executors: run a task on a client (`ClientAPIExecutor` runs a training script)."""

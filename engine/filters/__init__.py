@@ -1,0 +1,1 @@
+"""Task data and result filters (`Filter`, `ExcludeVars`)."""

@@ -1,0 +1,1 @@
+"""Model persistors: the initial model, and checkpoints written atomically as safetensors."""

@@ -1,0 +1,1 @@
+"""Workflows: FedAvg, ScatterAndGather (server-controlled algorithms on the Controller API)."""
