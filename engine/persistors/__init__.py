@@ -1,1 +1,6 @@
 """Model persistors: the initial model, and checkpoints written atomically as safetensors."""
+
+from engine.persistors.persistor import ModelPersistor
+from engine.persistors.pt_file import PTFileModelPersistor, write_safetensors_atomic
+
+__all__ = ["ModelPersistor", "PTFileModelPersistor", "write_safetensors_atomic"]

@@ -1,0 +1,54 @@
+"""`ModelPersistor`: where a workflow's initial model comes from and its checkpoints go."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from engine.model import FLModel
+
+#: Folder of the checkpoints, relative to the server's app folder.
+MODELS_DIR_NAME = "models"
+
+
+class ModelPersistor(ABC):
+    """Loads the initial model and saves the global model after each round.
+
+    The server runtime calls `use_workspace` before the workflow runs; checkpoints then go to
+    ``<app_dir>/models``.
+
+    Example:
+        A persistor that starts from zeros and keeps nothing::
+
+            class Zeros(ModelPersistor):
+                def load_model(self) -> FLModel:
+                    return FLModel(params={"w": torch.zeros(4)})
+
+                def save_model(self, model: FLModel) -> Path:
+                    return self.models_dir / "unsaved"
+    """
+
+    _models_dir: Path | None = None
+
+    def use_workspace(self, app_dir: Path) -> None:
+        """Save checkpoints under ``app_dir / "models"`` from now on (the folder is made on first save)."""
+        self._models_dir = Path(app_dir) / MODELS_DIR_NAME
+
+    @property
+    def models_dir(self) -> Path:
+        """The folder checkpoints are saved in.
+
+        Raises:
+            RuntimeError: `use_workspace` was not called yet.
+        """
+        if self._models_dir is None:
+            raise RuntimeError(f"{type(self).__name__} has no models folder yet: call use_workspace(app_dir) first")
+        return self._models_dir
+
+    @abstractmethod
+    def load_model(self) -> FLModel:
+        """Return the model the workflow starts from."""
+
+    @abstractmethod
+    def save_model(self, model: FLModel) -> Path:
+        """Save ``model`` as the global model; return the file written."""

@@ -1,0 +1,213 @@
+"""`PTFileModelPersistor`: a PyTorch model's weights in safetensors files, written atomically."""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.torch
+import torch
+
+from engine.model import FLModel, ParamsType
+from engine.persistors.persistor import ModelPersistor
+
+logger = logging.getLogger(__name__)
+
+
+class PTFileModelPersistor(ModelPersistor):
+    """Start from a torch module's weights (or a checkpoint); save each global model as safetensors.
+
+    Files are written to a temp file in the models folder, flushed to disk, then renamed over
+    the old one, so a crash never leaves a half-written checkpoint. Nothing is pickled.
+
+    Args:
+        model: The model, already built from its ``{path, args}`` config entry.
+        global_model_file_name: File name of the latest global model in the models folder.
+        best_global_model_file_name: File name of the best global model so far, by ``key_metric``.
+        key_metric: Metric that decides the best model (higher is better).
+        negate_key_metric: Lower is better instead (e.g. a loss).
+        source_ckpt_file_full_name: A safetensors file to start from instead of the module's
+            own weights; its names and shapes must match the module's ``state_dict()``.
+
+    Raises:
+        TypeError: ``model`` is not a ``torch.nn.Module``.
+        ValueError: A file name is empty or has a folder in it.
+
+    Example:
+        In ``config_fed_server.conf``::
+
+            { id = persistor, path = engine.persistors.PTFileModelPersistor,
+              args { model { path = model.Net, args { hidden = 64 } }, key_metric = accuracy } }
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        global_model_file_name: str = "global.safetensors",
+        best_global_model_file_name: str = "best_global.safetensors",
+        key_metric: str = "accuracy",
+        negate_key_metric: bool = False,
+        source_ckpt_file_full_name: str | None = None,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                f"model: expected a torch.nn.Module (a {{path, args}} entry that builds one), "
+                f"got {type(model).__name__}"
+            )
+        for key, name in (
+            ("global_model_file_name", global_model_file_name),
+            ("best_global_model_file_name", best_global_model_file_name),
+        ):
+            if not name or Path(name).name != name:
+                raise ValueError(f"{key}: expected a plain file name (it goes in the models folder), got {name!r}")
+        self._model = model
+        self._global_name = global_model_file_name
+        self._best_name = best_global_model_file_name
+        self._key_metric = key_metric
+        self._negate = negate_key_metric
+        self._source = source_ckpt_file_full_name
+        self._best: float | None = None
+
+    def load_model(self) -> FLModel:
+        """Return the starting weights as FULL params: the checkpoint's, else the module's.
+
+        The module's tensors are detached CPU tensors that share memory with it (no copy).
+
+        Raises:
+            FileNotFoundError: ``source_ckpt_file_full_name`` names no file.
+            ValueError: The checkpoint is not a safetensors file, or does not match the module.
+        """
+        if self._source is None:
+            params = {name: t.detach().cpu() for name, t in self._model.state_dict().items()}
+            return FLModel(params=params, params_type=ParamsType.FULL)
+        path = Path(self._source)
+        if not path.is_file():
+            raise FileNotFoundError(f"source_ckpt_file_full_name: no such file: {path}")
+        try:
+            params = safetensors.torch.load_file(path)
+        except Exception as e:  # safetensors raises its own SafetensorError for a bad header
+            raise ValueError(f"source_ckpt_file_full_name: {path} is not a readable safetensors file: {e}") from e
+        self._check_matches_module(params, path)
+        params = {name: params[name] for name in self._model.state_dict()}  # the module's order
+        logger.info("initial model loaded: file=%s tensors=%d", path, len(params))
+        return FLModel(params=params, params_type=ParamsType.FULL)
+
+    def _check_matches_module(self, params: Mapping[str, torch.Tensor], path: Path) -> None:
+        expected = self._model.state_dict()
+        problems = [f"missing {name!r}" for name in expected if name not in params]
+        problems += [f"unexpected {name!r}" for name in params if name not in expected]
+        problems += [
+            f"{name!r}: shape {tuple(t.shape)}, the model's is {tuple(expected[name].shape)}"
+            for name, t in params.items()
+            if name in expected and t.shape != expected[name].shape
+        ]
+        if problems:
+            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+            raise ValueError(f"source_ckpt_file_full_name: {path} does not match the model: {shown}")
+
+    def save_model(self, model: FLModel) -> Path:
+        """Write ``model.params`` to the global model file; also to the best one when it is the best so far.
+
+        The model is the best so far when ``model.metrics[key_metric]`` beats every earlier one
+        (is lower, with ``negate_key_metric``). Tensors are copied to contiguous CPU memory one
+        at a time; numpy arrays are converted.
+
+        Returns:
+            The global model file.
+
+        Raises:
+            ValueError: The model has no params, or DIFF params.
+            TypeError: A param is neither a tensor nor a numpy array.
+            RuntimeError: `use_workspace` was not called.
+            OSError: Writing failed; the previous file, if any, is left as it was.
+        """
+        if model.params is None:
+            raise ValueError("cannot save a model without params")
+        if model.params_type == ParamsType.DIFF:
+            raise ValueError("cannot save DIFF params as the global model: apply the difference to the model first")
+        tensors = _savable_tensors(model.params)
+        models_dir = self.models_dir
+        models_dir.mkdir(parents=True, exist_ok=True)
+        path = models_dir / self._global_name
+        write_safetensors_atomic(tensors, path)
+        logger.info("global model saved: file=%s tensors=%d", path, len(tensors))
+        score = self._score(model.metrics)
+        if score is not None and (self._best is None or score > self._best):
+            self._best = score
+            best_path = models_dir / self._best_name
+            write_safetensors_atomic(tensors, best_path)
+            logger.info(
+                "best global model saved: file=%s %s=%s", best_path, self._key_metric, model.metrics[self._key_metric]
+            )
+        return path
+
+    def _score(self, metrics: Mapping[str, Any] | None) -> float | None:
+        """The key metric as a higher-is-better score, or None when the model has none."""
+        value = (metrics or {}).get(self._key_metric)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+            logger.warning("key metric is not a number, best model not updated: %s=%r", self._key_metric, value)
+            return None
+        return -float(value) if self._negate else float(value)
+
+
+def _savable_tensors(params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """``params`` as contiguous CPU tensors that share no memory (safetensors refuses shared storage)."""
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()  # data pointers of the CPU storages used so far
+    for name, value in params.items():
+        if isinstance(value, np.ndarray):
+            if value.dtype == object:
+                raise TypeError(f"params[{name!r}]: a numpy array of Python objects cannot be saved")
+            value = torch.from_numpy(np.ascontiguousarray(value) if value.flags.writeable else value.copy())
+        elif not isinstance(value, torch.Tensor):
+            raise TypeError(f"params[{name!r}]: expected a torch.Tensor or numpy.ndarray, got {type(value).__name__}")
+        tensor = value.detach().to("cpu").contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        if storage != 0 and storage in storages:
+            tensor = tensor.clone()  # tied weights: one storage under two names
+            storage = tensor.untyped_storage().data_ptr()
+        storages.add(storage)
+        tensors[name] = tensor
+    return tensors
+
+
+def write_safetensors_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write ``tensors`` to ``path`` as safetensors: temp file in the same folder, fsync, rename.
+
+    On any failure the temp file is removed and ``path`` is left as it was.
+    """
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        safetensors.torch.save_file(tensors, temp_name)
+        with open(temp_name, "rb+") as f:
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable on POSIX; not possible (nor needed) on Windows.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,277 @@
+"""PTFileModelPersistor: safetensors round trips, atomic writes, the best model, source checkpoints."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+
+from engine.model import FLModel, ParamsType
+from engine.persistors import ModelPersistor, PTFileModelPersistor
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+        self.bn = torch.nn.BatchNorm1d(2)
+
+
+@pytest.fixture
+def persistor(tmp_path: Path) -> PTFileModelPersistor:
+    persistor = PTFileModelPersistor(model=Net())
+    persistor.use_workspace(tmp_path / "app")
+    return persistor
+
+
+def params(seed: int = 0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "f32": torch.randn(4, 3, generator=generator),
+        "f16": torch.randn(5, generator=generator).half(),
+        "bf16": torch.randn(2, 2, generator=generator).bfloat16(),
+        "f64": torch.randn(3, generator=generator).double(),
+        "steps": torch.tensor(7, dtype=torch.int64),
+    }
+
+
+def assert_bitwise_equal(got: dict[str, torch.Tensor], expected: dict[str, Any]) -> None:
+    assert sorted(got) == sorted(expected)  # safetensors stores tensors in its own order
+    for name, tensor in expected.items():
+        tensor = torch.as_tensor(tensor)
+        assert got[name].dtype == tensor.dtype, name
+        assert torch.equal(got[name], tensor), name
+
+
+def test_save_writes_safetensors_that_load_bitwise_equal(persistor: PTFileModelPersistor, tmp_path: Path) -> None:
+    saved = params()
+
+    path = persistor.save_model(FLModel(params=saved))
+
+    assert path == tmp_path / "app" / "models" / "global.safetensors"
+    assert_bitwise_equal(safetensors.torch.load_file(path), saved)
+
+
+def test_saved_file_is_safetensors_not_pickle(persistor: PTFileModelPersistor) -> None:
+    path = persistor.save_model(FLModel(params=params()))
+
+    raw = path.read_bytes()
+    (header_size,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + header_size])
+
+    assert set(header) - {"__metadata__"} == set(params())
+    assert not raw.startswith(b"\x80")  # a pickle (torch.save's zip holds one) starts with PROTO
+
+
+def test_numpy_and_non_contiguous_params_are_saved(persistor: PTFileModelPersistor) -> None:
+    base = torch.arange(12.0).reshape(3, 4)
+    saved = {
+        "np": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "transposed": base.T,
+        "int": np.array([1, 2], dtype=np.int64),
+    }
+
+    path = persistor.save_model(FLModel(params=saved))
+
+    loaded = safetensors.torch.load_file(path)
+    assert_bitwise_equal(
+        loaded, {"np": torch.from_numpy(saved["np"]), "transposed": base.T.contiguous(), "int": torch.tensor([1, 2])}
+    )
+
+
+def test_tensors_sharing_memory_are_saved_separately(persistor: PTFileModelPersistor) -> None:
+    weight = torch.randn(4, 3)
+    saved = {"encoder.weight": weight, "decoder.weight": weight, "view": weight.view(12)}
+
+    path = persistor.save_model(FLModel(params=saved))
+
+    assert_bitwise_equal(safetensors.torch.load_file(path), {k: v.clone() for k, v in saved.items()})
+    assert weight.untyped_storage().data_ptr() == saved["encoder.weight"].untyped_storage().data_ptr()
+
+
+def test_load_model_returns_the_modules_weights(persistor: PTFileModelPersistor) -> None:
+    module = persistor._model
+
+    model = persistor.load_model()
+
+    assert model.params_type is ParamsType.FULL
+    assert_bitwise_equal(model.params, module.state_dict())
+    assert all(t.device.type == "cpu" and not t.requires_grad for t in model.params.values())
+
+
+def test_load_model_reads_the_source_checkpoint(tmp_path: Path) -> None:
+    source = {name: torch.full_like(t, 0.5) for name, t in Net().state_dict().items()}
+    ckpt = tmp_path / "start.safetensors"
+    safetensors.torch.save_file(source, ckpt)
+    persistor = PTFileModelPersistor(model=Net(), source_ckpt_file_full_name=str(ckpt))
+
+    model = persistor.load_model()
+
+    assert model.params_type is ParamsType.FULL
+    assert list(model.params) == list(Net().state_dict())  # the module's order, not the file's
+    assert_bitwise_equal(model.params, source)
+
+
+def test_round_trip_through_the_source_checkpoint(persistor: PTFileModelPersistor, tmp_path: Path) -> None:
+    trained = {name: t + 1 for name, t in Net().state_dict().items()}
+    path = persistor.save_model(FLModel(params=trained))
+
+    model = PTFileModelPersistor(model=Net(), source_ckpt_file_full_name=str(path)).load_model()
+
+    assert_bitwise_equal(model.params, trained)
+
+
+def test_missing_source_checkpoint_names_path_and_key(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.safetensors"
+    persistor = PTFileModelPersistor(model=Net(), source_ckpt_file_full_name=str(missing))
+
+    with pytest.raises(FileNotFoundError, match=f"source_ckpt_file_full_name: no such file: {missing}"):
+        persistor.load_model()
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ({"fc.weight": torch.zeros(2, 3)}, r"does not match the model: missing 'fc.bias'"),
+        ({**Net().state_dict(), "extra": torch.zeros(1)}, r"does not match the model: unexpected 'extra'"),
+        ({**Net().state_dict(), "fc.bias": torch.zeros(5)}, r"'fc.bias': shape \(5,\), the model's is \(2,\)"),
+        (b"not a safetensors file", r"is not a readable safetensors file"),
+    ],
+    ids=["missing", "unexpected", "shape", "garbage"],
+)
+def test_mismatching_source_checkpoint_is_refused(tmp_path: Path, content: Any, match: str) -> None:
+    ckpt = tmp_path / "bad.safetensors"
+    if isinstance(content, bytes):
+        ckpt.write_bytes(content)
+    else:
+        safetensors.torch.save_file({k: v.contiguous() for k, v in content.items()}, ckpt)
+
+    with pytest.raises(ValueError, match=f"source_ckpt_file_full_name: {ckpt} .*{match}"):
+        PTFileModelPersistor(model=Net(), source_ckpt_file_full_name=str(ckpt)).load_model()
+
+
+def test_failed_write_leaves_old_file_and_no_temp_file(
+    persistor: PTFileModelPersistor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = persistor.save_model(FLModel(params=params(1)))
+    before = first.read_bytes()
+
+    def half_write(tensors: dict[str, torch.Tensor], filename: str) -> None:
+        Path(filename).write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", half_write)
+
+    with pytest.raises(OSError, match="disk full"):
+        persistor.save_model(FLModel(params=params(2)))
+
+    assert [p.name for p in first.parent.iterdir()] == ["global.safetensors"]
+    assert first.read_bytes() == before
+
+
+def test_failed_rename_leaves_no_temp_file(persistor: PTFileModelPersistor, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(src: str, dst: str) -> None:
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr("os.replace", refuse)
+
+    with pytest.raises(PermissionError, match="read-only"):
+        persistor.save_model(FLModel(params=params()))
+
+    assert list(persistor.models_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "match"),
+    [
+        ({"w": [1.0, 2.0]}, TypeError, r"params\['w'\]: expected a torch.Tensor or numpy.ndarray, got list"),
+        ({"w": np.array([object()])}, TypeError, r"params\['w'\]: a numpy array of Python objects cannot be saved"),
+        (None, ValueError, "cannot save a model without params"),
+    ],
+    ids=["list", "object-array", "no-params"],
+)
+def test_unsavable_params_fail_before_any_file_is_written(
+    persistor: PTFileModelPersistor, bad: Any, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        persistor.save_model(FLModel(params=bad))
+
+    assert not persistor.models_dir.exists()
+
+
+def test_diff_params_are_not_saved_as_the_global_model(persistor: PTFileModelPersistor) -> None:
+    with pytest.raises(ValueError, match="cannot save DIFF params as the global model"):
+        persistor.save_model(FLModel(params=params(), params_type=ParamsType.DIFF))
+
+
+@pytest.mark.parametrize(
+    ("negate", "scores", "best_index"),
+    [
+        (False, [0.5, 0.9, 0.7], 1),
+        (True, [0.5, 0.9, 0.2], 2),
+        (False, [0.5, None, 0.4], 0),
+        (True, [0.3, 0.3, 0.4], 0),
+    ],
+    ids=["highest", "negated-lowest", "missing-metric", "ties-keep-first"],
+)
+def test_best_model_by_key_metric(tmp_path: Path, negate: bool, scores: list[float | None], best_index: int) -> None:
+    persistor = PTFileModelPersistor(model=Net(), key_metric="score", negate_key_metric=negate)
+    persistor.use_workspace(tmp_path)
+    rounds = [params(i) for i in range(len(scores))]
+
+    for saved, score in zip(rounds, scores, strict=True):
+        persistor.save_model(FLModel(params=saved, metrics=None if score is None else {"score": score}))
+
+    assert_bitwise_equal(
+        safetensors.torch.load_file(tmp_path / "models" / "best_global.safetensors"), rounds[best_index]
+    )
+    assert_bitwise_equal(safetensors.torch.load_file(tmp_path / "models" / "global.safetensors"), rounds[-1])
+
+
+def test_no_key_metric_writes_no_best_model(persistor: PTFileModelPersistor) -> None:
+    persistor.save_model(FLModel(params=params(), metrics={"loss": 0.1}))
+
+    assert [p.name for p in persistor.models_dir.iterdir()] == ["global.safetensors"]
+
+
+def test_save_before_use_workspace_is_refused() -> None:
+    with pytest.raises(
+        RuntimeError, match=r"PTFileModelPersistor has no models folder yet: call use_workspace\(app_dir\) first"
+    ):
+        PTFileModelPersistor(model=Net()).save_model(FLModel(params=params()))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (
+            {"model": {"path": "model.Net"}},
+            TypeError,
+            r"model: expected a torch.nn.Module \(a \{path, args\} entry that builds one\), got dict",
+        ),
+        (
+            {"model": Net(), "global_model_file_name": "../x.safetensors"},
+            ValueError,
+            r"global_model_file_name: expected a plain file name",
+        ),
+        (
+            {"model": Net(), "best_global_model_file_name": ""},
+            ValueError,
+            r"best_global_model_file_name: expected a plain file name",
+        ),
+    ],
+    ids=["not-a-module", "folder-in-name", "empty-name"],
+)
+def test_bad_arguments_are_refused(kwargs: dict, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        PTFileModelPersistor(**kwargs)
+
+
+def test_is_a_model_persistor() -> None:
+    assert isinstance(PTFileModelPersistor(model=Net()), ModelPersistor)
