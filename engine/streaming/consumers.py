@@ -1,13 +1,15 @@
 """Consumers: where the chunks of one download land, in whatever order they arrive.
 
 `MemoryConsumer` places each chunk straight into preallocated tensors; `DiskConsumer` writes
-the stream into a ``.safetensors`` file without parsing any tensor. Both check every chunk
-(index, duplicates, size) and free what they made when the download is aborted.
+the stream into a ``.safetensors`` file without parsing any tensor; `FileConsumer` writes a raw
+file stream (a file-based decomposer's file). All check every chunk (index, duplicates, size)
+and free what they made when the download is aborted.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -22,18 +24,20 @@ from engine.fobs.dtypes import torch_dtype
 from engine.streaming.layout import StreamLayout
 
 
-class StreamConsumer(ABC):
-    """Takes the chunks of one stream and builds the result.
+class ChunkConsumer(ABC):
+    """Takes the chunks of one byte stream, in any order, and builds the result.
 
     Args:
-        layout: The stream's layout, as received (and checked) from the sender.
-        chunk_bytes: The chunk size the stream is pulled with, in bytes.
+        total_bytes: Length of the whole stream, in bytes.
+        chunk_bytes: The chunk size the stream is pulled with, in bytes (> 0).
     """
 
-    def __init__(self, layout: StreamLayout, chunk_bytes: int) -> None:
-        self.layout = layout
+    def __init__(self, total_bytes: int, chunk_bytes: int) -> None:
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk size must be > 0 bytes, got {chunk_bytes}")
+        self.total_bytes = total_bytes
         self.chunk_bytes = chunk_bytes
-        self.chunk_count = layout.chunk_count(chunk_bytes)
+        self.chunk_count = math.ceil(total_bytes / chunk_bytes)
         self._received: set[int] = set()
 
     def accept(self, index: int, frames: Sequence[Any]) -> None:
@@ -41,14 +45,14 @@ class StreamConsumer(ABC):
 
         Raises:
             StreamingError: The index is out of range or already taken, or the chunk's size is
-                not the size the layout gives it.
+                not the size the stream gives it.
         """
         if not 0 <= index < self.chunk_count:
             raise StreamingError(f"chunk {index} is out of range: the stream has {self.chunk_count} chunks")
         if index in self._received:
             raise StreamingError(f"chunk {index} arrived twice")
         start = index * self.chunk_bytes
-        expected = min(self.chunk_bytes, self.layout.total_bytes - start)
+        expected = min(self.chunk_bytes, self.total_bytes - start)
         pieces = [memoryview(frame).cast("B") for frame in frames]
         size = sum(piece.nbytes for piece in pieces)
         if size != expected:
@@ -85,6 +89,19 @@ class StreamConsumer(ABC):
     @abstractmethod
     def abort(self) -> None:
         """Drop everything made so far; safe to call more than once."""
+
+
+class StreamConsumer(ChunkConsumer):
+    """Takes the chunks of one safetensors stream and builds the result.
+
+    Args:
+        layout: The stream's layout, as received (and checked) from the sender.
+        chunk_bytes: The chunk size the stream is pulled with, in bytes.
+    """
+
+    def __init__(self, layout: StreamLayout, chunk_bytes: int) -> None:
+        super().__init__(layout.total_bytes, chunk_bytes)
+        self.layout = layout
 
 
 class MemoryConsumer(StreamConsumer):
@@ -127,6 +144,42 @@ class MemoryConsumer(StreamConsumer):
         self._tensors, self._targets = None, []
 
 
+class _FileWriter:
+    """One new file written at offsets; space for all of it is reserved up front."""
+
+    def __init__(self, path: Path, total_bytes: int) -> None:
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            if total_bytes:
+                os.posix_fallocate(self._fd, 0, total_bytes)
+        except OSError as e:
+            self.abort()
+            raise StreamingError(
+                f"cannot reserve {total_bytes} bytes in {path.parent} for a download: {e.strerror}"
+            ) from e
+
+    def write(self, offset: int, piece: memoryview) -> None:
+        if self._fd is None:
+            raise StreamingError(f"the download into {self.path} was aborted")
+        written = os.pwrite(self._fd, piece, offset)
+        while written < piece.nbytes:  # a short write: keep going from where it stopped
+            written += os.pwrite(self._fd, piece[written:], offset + written)
+
+    def close(self) -> Path:
+        if self._fd is None:
+            raise StreamingError(f"the download into {self.path} was aborted")
+        os.close(self._fd)
+        self._fd = None
+        return self.path
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self.path.unlink(missing_ok=True)
+
+
 class DiskConsumer(StreamConsumer):
     """Writes the stream into one ``.safetensors`` file; nothing is parsed but the header.
 
@@ -140,33 +193,40 @@ class DiskConsumer(StreamConsumer):
     def __init__(self, layout: StreamLayout, chunk_bytes: int, path: Path) -> None:
         super().__init__(layout, chunk_bytes)
         self.path = path
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            if layout.total_bytes:
-                os.posix_fallocate(self._fd, 0, layout.total_bytes)
-        except OSError as e:
-            self.abort()
-            raise StreamingError(
-                f"cannot reserve {layout.total_bytes} bytes in {path.parent} for a download: {e.strerror}"
-            ) from e
+        self._file = _FileWriter(path, layout.total_bytes)
 
     def _write(self, offset: int, piece: memoryview) -> None:
-        if self._fd is None:
-            raise StreamingError(f"the download into {self.path} was aborted")
-        written = os.pwrite(self._fd, piece, offset)
-        while written < piece.nbytes:  # a short write: keep going from where it stopped
-            written += os.pwrite(self._fd, piece[written:], offset + written)
+        self._file.write(offset, piece)
 
     def finish(self) -> Path:
         self._require_complete()
-        if self._fd is None:
-            raise StreamingError(f"the download into {self.path} was aborted")
-        os.close(self._fd)
-        self._fd = None
-        return self.path
+        return self._file.close()
 
     def abort(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-            self.path.unlink(missing_ok=True)
+        self._file.abort()
+
+
+class FileConsumer(ChunkConsumer):
+    """Writes a raw file stream into a new file, byte for byte.
+
+    Args:
+        total_bytes: The file's size as the sender announced it, in bytes.
+        chunk_bytes: The chunk size, in bytes.
+        path: The file to create; it must not exist. Space is reserved up front, as for
+            `DiskConsumer`; an aborted download deletes it.
+    """
+
+    def __init__(self, total_bytes: int, chunk_bytes: int, path: Path) -> None:
+        super().__init__(total_bytes, chunk_bytes)
+        self.path = path
+        self._file = _FileWriter(path, total_bytes)
+
+    def _write(self, offset: int, piece: memoryview) -> None:
+        self._file.write(offset, piece)
+
+    def finish(self) -> Path:
+        self._require_complete()
+        return self._file.close()
+
+    def abort(self) -> None:
+        self._file.abort()

@@ -1,16 +1,24 @@
-"""`TensorDownloadable`: tensors a sender serves as one chunked safetensors stream.
+"""Downloadables: what a sender serves, chunk by chunk, to every receiver of one offer.
 
-Produced once, read by every receiver: the tensors are referenced, not copied. A contiguous CPU
-tensor is served straight from its storage; a GPU or non-contiguous one is copied to contiguous
-CPU memory when its first chunk is asked for, and kept in a small cache bounded in bytes, so
-never more than about one such tensor per reader is copied at a time, never the whole model.
+`TensorDownloadable`: tensors as one chunked safetensors stream. Produced once, read by every
+receiver: the tensors are referenced, not copied. A contiguous CPU tensor is served straight
+from its storage; a GPU or non-contiguous one is copied to contiguous CPU memory when its first
+chunk is asked for, and kept in a small cache bounded in bytes, so never more than about one
+such tensor per reader is copied at a time, never the whole model.
+
+`FileDownloadable`: the bytes of one file, read per chunk; the file is deleted when released.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import shutil
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
@@ -20,6 +28,25 @@ from engine.streaming.layout import StreamLayout
 
 #: Bytes of CPU copies (of GPU or non-contiguous tensors) a downloadable keeps at most.
 DEFAULT_COPY_CACHE_BYTES = 256 * 1024 * 1024
+#: ``kind`` of the info reply: what the receiver is about to pull.
+KIND_TENSORS = "tensors"
+KIND_FILE = "file"
+
+
+class Downloadable(Protocol):
+    """What the download service serves: a number of chunks, described once by an info reply."""
+
+    chunk_bytes: int
+    chunk_count: int
+
+    def info(self) -> tuple[dict[str, Any], list[bytes]]:
+        """Return the header and frames of the reply to an ``info`` request."""
+
+    def chunk(self, index: int) -> list[memoryview]:
+        """Return chunk ``index`` as buffers to send as frames."""
+
+    def release(self) -> None:
+        """Free what the downloadable holds; it serves no more."""
 
 
 class TensorDownloadable:
@@ -50,6 +77,11 @@ class TensorDownloadable:
         self._copies: OrderedDict[str, memoryview] = OrderedDict()
         self._copied_bytes = 0
         self._lock = threading.Lock()
+
+    def info(self) -> tuple[dict[str, Any], list[bytes]]:
+        """The info reply: kind, chunk size and count in the header, the safetensors header as a frame."""
+        header = {"kind": KIND_TENSORS, "chunk_bytes": self.chunk_bytes, "chunk_count": self.chunk_count}
+        return header, [self.layout.header]
 
     def chunk(self, index: int) -> list[memoryview]:
         """Return chunk ``index`` as buffers to send as frames (see `StreamLayout.chunk`).
@@ -85,3 +117,65 @@ class TensorDownloadable:
                 self._copies[name] = copy
                 self._copied_bytes += copy.nbytes
             return copy
+
+
+class FileDownloadable:
+    """The bytes of one file, served as chunks read from disk as they are asked for.
+
+    Args:
+        path: The file; it must not change while served.
+        chunk_bytes: Chunk size in bytes (> 0).
+        owned_folder: A folder that holds only this file and is deleted with it on release
+            (the sender's temp folder), or None to delete just the file.
+    """
+
+    def __init__(self, path: Path, chunk_bytes: int, owned_folder: Path | None = None) -> None:
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
+        self.path = path
+        self.chunk_bytes = chunk_bytes
+        self.size_bytes = path.stat().st_size
+        self.chunk_count = math.ceil(self.size_bytes / chunk_bytes)
+        self._owned_folder = owned_folder
+        self._released = False
+
+    def info(self) -> tuple[dict[str, Any], list[bytes]]:
+        """The info reply: a raw file stream of ``size_bytes``, no frames."""
+        header = {
+            "kind": KIND_FILE,
+            "chunk_bytes": self.chunk_bytes,
+            "chunk_count": self.chunk_count,
+            "size_bytes": self.size_bytes,
+        }
+        return header, []
+
+    def chunk(self, index: int) -> list[memoryview]:
+        """Return bytes ``[index * chunk_bytes, ...)`` of the file, read now.
+
+        Raises:
+            StreamingError: The downloadable was released, or the file cannot be read.
+        """
+        offset = index * self.chunk_bytes
+        size = min(self.chunk_bytes, self.size_bytes - offset)
+        if self._released:
+            raise StreamingError("the download was released while a chunk was being served")
+        # Opened per chunk, so a release (which deletes the file) never closes a descriptor
+        # another request is reading from.
+        try:
+            with open(self.path, "rb", buffering=0) as file:
+                data = os.pread(file.fileno(), size, offset)
+        except FileNotFoundError as e:
+            raise StreamingError("the download was released while a chunk was being served") from e
+        except OSError as e:
+            raise StreamingError(f"cannot read chunk {index} of {self.path}: {e.strerror}") from e
+        if len(data) != size:
+            raise StreamingError(f"{self.path} changed while served: chunk {index} has {len(data)} of {size} bytes")
+        return [memoryview(data)]
+
+    def release(self) -> None:
+        """Delete the file (and its owned folder); safe to call more than once."""
+        self._released = True
+        if self._owned_folder is not None:
+            shutil.rmtree(self._owned_folder, ignore_errors=True)
+        else:
+            self.path.unlink(missing_ok=True)

@@ -1,10 +1,11 @@
-"""The download service on cells: senders offer tensors by ref id, receivers pull them in chunks.
+"""The download service on cells: senders offer tensors or files by ref id, receivers pull them in chunks.
 
-Sender: `DownloadService` answers three topics on the ``streaming`` channel: ``info`` (the
-stream's safetensors header and chunk size), ``chunk`` (one chunk, as zero-copy frames) and
-``done`` (a receiver has everything). Receiver: `download_tensors` asks for the info, then keeps
-several chunk requests in flight, each bounded by the per-request timeout, and hands every chunk
-to a consumer as it lands.
+Sender: `DownloadService` answers three topics on the ``streaming`` channel: ``info`` (what the
+stream is, ``kind`` = ``"tensors"`` with the safetensors header as a frame, or ``"file"`` with
+its size, and the chunk size), ``chunk`` (one chunk, as frames) and ``done`` (a receiver has
+everything). Receiver: `download_tensors` / `download_file` ask for the info, refuse a stream of
+the other kind, then keep several chunk requests in flight, each bounded by the per-request
+timeout, and hand every chunk to a consumer as it lands.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from engine.cells import Cell, Message, Reply, Status
 from engine.errors import CellError, StreamingError
-from engine.streaming.consumers import MemoryConsumer, StreamConsumer
-from engine.streaming.downloadable import TensorDownloadable
+from engine.streaming.consumers import ChunkConsumer, FileConsumer, MemoryConsumer, StreamConsumer
+from engine.streaming.downloadable import KIND_FILE, KIND_TENSORS, FileDownloadable, TensorDownloadable
 from engine.streaming.layout import StreamLayout
 from engine.streaming.transactions import DownloadRefused, DownloadRegistry
 
@@ -79,6 +81,38 @@ class DownloadService:
         """
         return self.registry.add(TensorDownloadable(tensors, chunk_bytes, metadata), receivers, timeout_s)
 
+    def add_file(
+        self,
+        path: Path,
+        chunk_bytes: int,
+        receivers: Iterable[str] | None = None,
+        timeout_s: float = 600.0,
+        owned_folder: Path | None = None,
+    ) -> str:
+        """Offer the file ``path`` for download as a raw byte stream; return its ref id.
+
+        The service owns the file from now on: it is deleted (with ``owned_folder``, if given)
+        when all receivers are done, when the offer times out, or when the service closes;
+        also at once if the service is already closed.
+
+        Args:
+            path: The file; it must not change while served.
+            chunk_bytes: Chunk size in bytes (> 0).
+            receivers: Cells that will download; None: anyone with the ref, freed on timeout or
+                `close` only.
+            timeout_s: Seconds without a request after which the offer is dropped.
+            owned_folder: A folder holding only this file, deleted with it.
+
+        Raises:
+            StreamingError: The service is closed.
+        """
+        downloadable = FileDownloadable(path, chunk_bytes, owned_folder)
+        try:
+            return self.registry.add(downloadable, receivers, timeout_s)
+        except StreamingError:
+            downloadable.release()
+            raise
+
     def close(self) -> None:
         """Stop serving: unregister the handlers and free every downloadable."""
         if self._closed.is_set():
@@ -94,8 +128,8 @@ class DownloadService:
             downloadable = self.registry.lookup(message.header.get("ref"), message.source)
         except DownloadRefused as e:
             return Reply(status=Status.ERROR, reason=str(e))
-        header = {"chunk_bytes": downloadable.chunk_bytes, "chunk_count": downloadable.chunk_count}
-        return Reply(header=header, frames=[downloadable.layout.header])
+        header, frames = downloadable.info()
+        return Reply(header=header, frames=frames)
 
     def _on_chunk(self, message: Message) -> Reply:
         index = message.header.get("index")
@@ -135,24 +169,77 @@ def download_tensors(
 
     Raises:
         StreamingError: The sender refused, went silent past the per-request timeout, vanished,
-            or sent something that does not fit; the message names the ref and the sender.
-            What was received so far is freed.
+            offered a file instead of tensors, or sent something that does not fit; the message
+            names the ref and the sender. What was received so far is freed.
     """
+
+    def consumer_of(info: Message, chunk_bytes: int, where: str) -> ChunkConsumer:
+        try:
+            layout = StreamLayout.parse(b"".join(bytes(frame) for frame in info.frames))
+        except StreamingError as e:
+            raise StreamingError(f"{where}: {e}") from e
+        return consumer_factory(layout, chunk_bytes)
+
+    return _download(cell, source, ref, KIND_TENSORS, consumer_of, per_request_timeout_s, max_in_flight)
+
+
+def download_file(
+    cell: Cell,
+    source: str,
+    ref: str,
+    path: Path,
+    per_request_timeout_s: float,
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+) -> Path:
+    """Pull the file offered as ``ref`` by cell ``source`` into the new file ``path``; return it.
+
+    Args:
+        cell: The receiving cell.
+        source: FQCN of the sending cell.
+        ref: The ref id the sender gave out (`DownloadService.add_file`).
+        path: Where to write; it must not exist. Deleted again if the download fails.
+        per_request_timeout_s: Longest wait for one request (the info or one chunk), in seconds.
+        max_in_flight: Chunk requests kept outstanding at once.
+
+    Raises:
+        StreamingError: As `download_tensors`, or the sender offers tensors instead of a file.
+    """
+
+    def consumer_of(info: Message, chunk_bytes: int, where: str) -> ChunkConsumer:
+        size_bytes = info.header.get("size_bytes")
+        if type(size_bytes) is not int or size_bytes < 0:
+            raise StreamingError(f"{where}: the sender announced an invalid file size {size_bytes!r}")
+        return FileConsumer(size_bytes, chunk_bytes, path)
+
+    return _download(cell, source, ref, KIND_FILE, consumer_of, per_request_timeout_s, max_in_flight)
+
+
+def _download(
+    cell: Cell,
+    source: str,
+    ref: str,
+    kind: str,
+    consumer_of: Callable[[Message, int, str], ChunkConsumer],
+    timeout_s: float,
+    max_in_flight: int,
+) -> Any:
+    """Ask for the info, check its kind and chunk size, pull every chunk, report completion."""
     where = f"download {ref!r} from {source!r}"
+    if type(max_in_flight) is not int or max_in_flight < 1:
+        raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
     try:
-        info = cell.request(source, CHANNEL, TOPIC_INFO, {"ref": ref}, timeout_s=per_request_timeout_s)
+        info = cell.request(source, CHANNEL, TOPIC_INFO, {"ref": ref}, timeout_s=timeout_s)
     except CellError as e:
         raise StreamingError(f"{where} failed: {e}") from e
+    offered = info.header.get("kind", KIND_TENSORS)  # senders before files existed sent no kind
+    if offered != kind:
+        raise StreamingError(f"{where}: the sender offers a {offered!r} stream, not {kind!r}")
     chunk_bytes = info.header.get("chunk_bytes")
     if type(chunk_bytes) is not int or chunk_bytes <= 0:
         raise StreamingError(f"{where}: the sender announced an invalid chunk size {chunk_bytes!r}")
+    consumer = consumer_of(info, chunk_bytes, where)
     try:
-        layout = StreamLayout.parse(b"".join(bytes(frame) for frame in info.frames))
-    except StreamingError as e:
-        raise StreamingError(f"{where}: {e}") from e
-    consumer = consumer_factory(layout, chunk_bytes)
-    try:
-        _pull_chunks(cell, source, ref, consumer, per_request_timeout_s, max_in_flight, where)
+        _pull_chunks(cell, source, ref, consumer, timeout_s, max_in_flight, where)
         result = consumer.finish()
     except BaseException:
         consumer.abort()
@@ -165,7 +252,7 @@ def download_tensors(
 
 
 def _pull_chunks(
-    cell: Cell, source: str, ref: str, consumer: StreamConsumer, timeout_s: float, max_in_flight: int, where: str
+    cell: Cell, source: str, ref: str, consumer: ChunkConsumer, timeout_s: float, max_in_flight: int, where: str
 ) -> None:
     in_flight: collections.deque[tuple[int, concurrent.futures.Future[Message]]] = collections.deque()
     next_index, started = 0, time.monotonic()
@@ -193,4 +280,4 @@ def _pull_chunks(
             ask()  # before placing this chunk, so the pipe stays full
         consumer.accept(index, reply.frames)
     elapsed = time.monotonic() - started
-    log.debug("%s: %d bytes in %.3f s", where, consumer.layout.total_bytes, elapsed)
+    log.debug("%s: %d bytes in %.3f s", where, consumer.total_bytes, elapsed)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from engine.errors import StreamingError
-from engine.streaming.downloadable import TensorDownloadable
+from engine.streaming.downloadable import Downloadable
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class DownloadRefused(StreamingError):
 
 @dataclass
 class _Transaction:
-    downloadable: TensorDownloadable
+    downloadable: Downloadable
     receivers: frozenset[str] | None  # None: anyone who knows the ref may download
     timeout_s: float
     deadline: float
@@ -44,8 +44,9 @@ class DownloadRegistry:
         self._clock = clock
         self._transactions: dict[str, _Transaction] = {}
         self._lock = threading.Lock()
+        self._closed = False
 
-    def add(self, downloadable: TensorDownloadable, receivers: Iterable[str] | None, timeout_s: float) -> str:
+    def add(self, downloadable: Downloadable, receivers: Iterable[str] | None, timeout_s: float) -> str:
         """Register ``downloadable`` for ``receivers``; return its ref id.
 
         Args:
@@ -53,14 +54,20 @@ class DownloadRegistry:
             receivers: Names of the cells that will download it (all of them must finish
                 before it is freed), or None for anyone holding the ref (freed on timeout only).
             timeout_s: Seconds without any request after which the transaction is dropped.
+
+        Raises:
+            StreamingError: The registry is closed (the job ended); the caller still owns
+                ``downloadable``.
         """
         ref = uuid.uuid4().hex
         members = frozenset(receivers) if receivers is not None else None
         with self._lock:
+            if self._closed:
+                raise StreamingError("the download service is closed: nothing more can be offered")
             self._transactions[ref] = _Transaction(downloadable, members, timeout_s, self._clock() + timeout_s)
         return ref
 
-    def lookup(self, ref: str, requester: str) -> TensorDownloadable:
+    def lookup(self, ref: str, requester: str) -> Downloadable:
         """Return the downloadable ``ref`` for ``requester`` and push the transaction's deadline.
 
         Raises:
@@ -116,8 +123,9 @@ class DownloadRegistry:
         return list(expired)
 
     def close(self) -> None:
-        """Drop every transaction (the job ends)."""
+        """Drop every transaction and refuse new ones (the job ends)."""
         with self._lock:
+            self._closed = True
             transactions, self._transactions = list(self._transactions.values()), {}
         for transaction in transactions:
             transaction.downloadable.release()

@@ -12,7 +12,7 @@ props; without one, or with a chunk size of 0, tensors travel inline as before.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,40 +21,102 @@ import numpy as np
 import torch
 
 from engine.cells import Cell
-from engine.errors import SerializationError
+from engine.errors import SerializationError, StreamingError
 from engine.fobs import Datum, DatumType, DecodeContext, EncodeContext, Registry
 from engine.fobs.arrays import NumpyArrayDecomposer, TensorDecomposer
 from engine.fobs.dtypes import is_supported
 from engine.streaming.consumers import MemoryConsumer
-from engine.streaming.service import ConsumerFactory, DownloadService, download_tensors
+from engine.streaming.service import DEFAULT_MAX_IN_FLIGHT, ConsumerFactory, DownloadService, download_tensors
 
 #: Key of the `StreamingContext` in ``EncodeContext.props`` / ``DecodeContext.props``.
 STREAMING_PROP = "streaming"
 #: Key of the message's receivers (FQCNs) in ``EncodeContext.props``.
 RECEIVERS_PROP = "receivers"
+#: Defaults of the job config's streaming settings (as in ``schemas/common.schema.json``).
+DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024
+DEFAULT_PER_REQUEST_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
 class StreamingContext:
-    """What the via-downloader decomposers need from the cell that sends or receives.
+    """What the via-downloader (and file-based) decomposers need from the cell that sends or receives.
 
     Attributes:
         cell: This side's cell.
         service: The download service that serves this side's tensors (needed to send).
-        tensor_chunk_bytes: Chunk size for torch tensors; 0 sends them inline.
-        array_chunk_bytes: Chunk size for numpy arrays; 0 sends them inline.
+        tensor_chunk_bytes: Chunk size for torch tensors (and files), in bytes; 0 sends tensors inline.
+        array_chunk_bytes: Chunk size for numpy arrays, in bytes; 0 sends them inline.
         per_request_timeout_s: Longest wait for one chunk request when receiving.
-        transaction_timeout_s: Seconds without requests after which an offer is dropped.
+        transaction_timeout_s: Seconds without requests after which an offer is dropped; None
+            (the default) means ``per_request_timeout_s``: a receiver silent for longer than
+            one request may take is gone.
         consumer_factory: Where received chunks land (tensors in memory by default).
+        max_in_flight: Chunk requests a receiver keeps outstanding at once (>= 1).
     """
 
     cell: Cell
     service: DownloadService | None = None
-    tensor_chunk_bytes: int = 2 * 1024 * 1024
-    array_chunk_bytes: int = 2 * 1024 * 1024
-    per_request_timeout_s: float = 600.0
-    transaction_timeout_s: float = 600.0
+    tensor_chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    array_chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    per_request_timeout_s: float = DEFAULT_PER_REQUEST_TIMEOUT_S
+    transaction_timeout_s: float | None = None  # None: resolved to per_request_timeout_s
     consumer_factory: ConsumerFactory = MemoryConsumer
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+
+    def __post_init__(self) -> None:
+        if self.transaction_timeout_s is None:
+            object.__setattr__(self, "transaction_timeout_s", self.per_request_timeout_s)
+
+    @classmethod
+    def from_config(
+        cls,
+        cell: Cell,
+        service: DownloadService | None,
+        config: Mapping[str, Any],
+        consumer_factory: ConsumerFactory = MemoryConsumer,
+    ) -> StreamingContext:
+        """Build the context from a validated job config (``config_fed_server`` / ``config_fed_client``).
+
+        Reads ``tensor_download_chunk_size``, ``np_download_chunk_size``,
+        ``streaming_per_request_timeout`` and ``streaming_max_requests_in_flight``; an absent key
+        takes its schema default. Other keys are ignored.
+
+        Args:
+            cell: This side's cell.
+            service: This side's download service (None on a side that only receives).
+            config: The config's top-level settings (a dict of the parsed file).
+            consumer_factory: Where received tensors land.
+
+        Raises:
+            StreamingError: A setting has the wrong type or range (the config was not validated);
+                the message names the key and the value.
+
+        Example:
+            >>> context = StreamingContext.from_config(cell, DownloadService(cell), job.server.data)
+        """
+        return cls(
+            cell,
+            service,
+            tensor_chunk_bytes=_setting(config, "tensor_download_chunk_size", DEFAULT_CHUNK_BYTES, minimum=0),
+            array_chunk_bytes=_setting(config, "np_download_chunk_size", DEFAULT_CHUNK_BYTES, minimum=0),
+            per_request_timeout_s=_timeout_setting(config, "streaming_per_request_timeout"),
+            consumer_factory=consumer_factory,
+            max_in_flight=_setting(config, "streaming_max_requests_in_flight", DEFAULT_MAX_IN_FLIGHT, minimum=1),
+        )
+
+
+def _setting(config: Mapping[str, Any], key: str, default: int, minimum: int) -> int:
+    value = config.get(key, default)
+    if type(value) is not int or value < minimum:
+        raise StreamingError(f"{key}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _timeout_setting(config: Mapping[str, Any], key: str) -> float:
+    value = config.get(key, DEFAULT_PER_REQUEST_TIMEOUT_S)
+    if type(value) not in (int, float) or not value > 0:
+        raise StreamingError(f"{key}: expected seconds > 0, got {value!r}")
+    return float(value)
 
 
 class _ViaDownloader(ABC):
@@ -98,7 +160,7 @@ class _ViaDownloader(ABC):
         except (ValueError, KeyError, TypeError) as e:
             raise SerializationError(f"malformed reference to streamed {self.kind}: {e}") from e
         ctx.state[self.kind] = download_tensors(
-            context.cell, owner, ref, context.per_request_timeout_s, context.consumer_factory
+            context.cell, owner, ref, context.per_request_timeout_s, context.consumer_factory, context.max_in_flight
         )
 
     def lookup(self, data: Any, ctx: DecodeContext) -> torch.Tensor:

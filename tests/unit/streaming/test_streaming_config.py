@@ -1,0 +1,161 @@
+"""Streaming settings: the job config's keys, their schema, and the `StreamingContext` built from them."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.config.schema import check_document, top_level_defaults, with_defaults
+from engine.config.source import ConfigDocument
+from engine.errors import StreamingError
+from engine.streaming.consumers import DiskConsumer, MemoryConsumer
+from engine.streaming.service import DEFAULT_MAX_IN_FLIGHT
+from engine.streaming.via_downloader import DEFAULT_CHUNK_BYTES, DEFAULT_PER_REQUEST_TIMEOUT_S, StreamingContext
+
+CELL = object()  # from_config only stores the cell and the service
+SERVICE = object()
+MiB = 1024 * 1024
+SIDES = ["config_fed_server", "config_fed_client"]
+
+DEFAULTS = {
+    "tensor_chunk_bytes": 2 * MiB,
+    "array_chunk_bytes": 2 * MiB,
+    "per_request_timeout_s": 600.0,
+    "transaction_timeout_s": 600.0,
+    "max_in_flight": 4,
+}
+
+
+def settings_of(context: StreamingContext) -> dict[str, Any]:
+    return {key: getattr(context, key) for key in DEFAULTS}
+
+
+@pytest.mark.parametrize(
+    ("config", "changed"),
+    [
+        pytest.param({}, {}, id="defaults"),
+        pytest.param({"tensor_download_chunk_size": 8 * MiB}, {"tensor_chunk_bytes": 8 * MiB}, id="tensor-chunk"),
+        pytest.param({"np_download_chunk_size": 65536}, {"array_chunk_bytes": 65536}, id="array-chunk"),
+        pytest.param(
+            {"streaming_per_request_timeout": 30},
+            {"per_request_timeout_s": 30.0, "transaction_timeout_s": 30.0},
+            id="timeout",
+        ),
+        pytest.param(
+            {"streaming_per_request_timeout": 2.5},
+            {"per_request_timeout_s": 2.5, "transaction_timeout_s": 2.5},
+            id="timeout-float",
+        ),
+        pytest.param({"streaming_max_requests_in_flight": 1}, {"max_in_flight": 1}, id="in-flight-1"),
+        pytest.param({"streaming_max_requests_in_flight": 16}, {"max_in_flight": 16}, id="in-flight-16"),
+        pytest.param(
+            {"tensor_download_chunk_size": 0, "np_download_chunk_size": 0},
+            {"tensor_chunk_bytes": 0, "array_chunk_bytes": 0},
+            id="zero-chunks-inline",
+        ),
+        pytest.param(
+            {"format_version": 2, "workflows": [], "cell": {"port": 0}, "np_download_chunk_size": 1024},
+            {"array_chunk_bytes": 1024},
+            id="other-keys-ignored",
+        ),
+    ],
+)
+def test_from_config(config: dict[str, Any], changed: dict[str, Any]) -> None:
+    original = copy.deepcopy(config)
+
+    context = StreamingContext.from_config(CELL, SERVICE, config)  # type: ignore[arg-type]
+
+    assert settings_of(context) == {**DEFAULTS, **changed}
+    assert (context.cell, context.service, context.consumer_factory) == (CELL, SERVICE, MemoryConsumer)
+    assert config == original  # building never mutates the config
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_from_a_config_with_schema_defaults_gives_the_context_defaults(side: str) -> None:
+    config = with_defaults({"format_version": 2}, side)
+
+    context = StreamingContext.from_config(CELL, None, config, consumer_factory=DiskConsumer)  # type: ignore[arg-type]
+
+    assert settings_of(context) == DEFAULTS
+    assert context.service is None and context.consumer_factory is DiskConsumer
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_the_code_defaults_are_the_schema_defaults(side: str) -> None:
+    defaults = top_level_defaults(side)
+
+    assert defaults["tensor_download_chunk_size"] == defaults["np_download_chunk_size"] == DEFAULT_CHUNK_BYTES
+    assert defaults["streaming_per_request_timeout"] == DEFAULT_PER_REQUEST_TIMEOUT_S
+    assert defaults["streaming_max_requests_in_flight"] == DEFAULT_MAX_IN_FLIGHT == 4
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        pytest.param(
+            {"streaming_max_requests_in_flight": 0},
+            r"streaming_max_requests_in_flight: expected an integer >= 1, got 0",
+            id="in-flight-zero",
+        ),
+        pytest.param(
+            {"streaming_max_requests_in_flight": True},
+            r"streaming_max_requests_in_flight: expected an integer >= 1, got True",
+            id="in-flight-bool",
+        ),
+        pytest.param(
+            {"tensor_download_chunk_size": "2MB"},
+            r"tensor_download_chunk_size: expected an integer >= 0, got '2MB'",
+            id="chunk-string",
+        ),
+        pytest.param(
+            {"np_download_chunk_size": -1}, r"np_download_chunk_size: expected an integer >= 0, got -1", id="chunk-neg"
+        ),
+        pytest.param(
+            {"streaming_per_request_timeout": 0},
+            r"streaming_per_request_timeout: expected seconds > 0, got 0",
+            id="timeout-zero",
+        ),
+    ],
+)
+def test_from_an_unvalidated_config_names_the_bad_key(config: dict[str, Any], match: str) -> None:
+    with pytest.raises(StreamingError, match=match):
+        StreamingContext.from_config(CELL, SERVICE, config)  # type: ignore[arg-type]
+
+
+def test_the_transaction_timeout_defaults_to_the_per_request_timeout_unless_given() -> None:
+    assert StreamingContext(CELL, per_request_timeout_s=7).transaction_timeout_s == 7  # type: ignore[arg-type]
+    assert StreamingContext(CELL, transaction_timeout_s=90).transaction_timeout_s == 90  # type: ignore[arg-type]
+
+
+HINT = "(a whole number of requests, at least 1, e.g. 4)"
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param(8, [], id="valid"),
+        pytest.param(1, [], id="minimum"),
+        pytest.param(0, [f"c.conf: streaming_max_requests_in_flight: must be >= 1, got 0 {HINT}"], id="zero"),
+        pytest.param(
+            "four", [f'c.conf: streaming_max_requests_in_flight: expected an integer, got "four" {HINT}'], id="string"
+        ),
+        pytest.param(
+            2.5, [f"c.conf: streaming_max_requests_in_flight: expected an integer, got 2.5 {HINT}"], id="float"
+        ),
+    ],
+)
+def test_schema_of_max_requests_in_flight(side: str, value: object, expected: list[str]) -> None:
+    data: dict[str, Any] = {"format_version": 2, "streaming_max_requests_in_flight": value}
+    data["workflows" if side == "config_fed_server" else "executors"] = (
+        [{"id": "wf", "path": "a.B"}]
+        if side == "config_fed_server"
+        else [{"tasks": ["*"], "executor": {"path": "a.B"}}]
+    )
+
+    problems = [str(p) for p in check_document(ConfigDocument(Path("c.conf"), "c.conf", data), side)]
+
+    assert problems == expected
