@@ -44,7 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flengine",
         description=_DESCRIPTION,
-        epilog="example:\n  flengine validate jobs/*     check every job of the jobs/ folder",
+        epilog=(
+            "examples:\n  flengine run jobs/fedavg     run the job: a server and 2 clients on this machine\n"
+            "  flengine validate jobs/*     check every job of the jobs/ folder"
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"flengine {__version__}")
@@ -65,7 +68,30 @@ def _parser() -> argparse.ArgumentParser:
         "jobs", nargs="+", metavar="JOB", help="a job folder, e.g. jobs/fedavg (several allowed: jobs/*)"
     )
     validate.set_defaults(handler=_validate)
+
+    run = commands.add_parser(
+        "run",
+        help="run a job on this machine: a server and N client processes (the simulator)",
+        description=(
+            "Run a job folder with a server process and N client processes (site-1 .. site-N) that "
+            "talk over ZeroMQ on 127.0.0.1. Shows progress while it runs and a summary at the end; "
+            "logs, models and summary.json are left in the workspace. Exits 0 only when the job "
+            "finished completed."
+        ),
+    )
+    run.add_argument("job", metavar="JOB", help="a job folder, e.g. jobs/fedavg")
+    run.add_argument("-n", "--clients", type=int, default=None, metavar="N", help="clients (default: min_clients)")
+    run.add_argument(
+        "--workspace", default=None, metavar="DIR", help="a new or empty folder (default: workspace/<job>-<time>)"
+    )
+    run.set_defaults(handler=_run)
     return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from engine.runtime.simulator import run_simulation  # torch and zmq load only for this command
+
+    return run_simulation(args.job, args.clients, args.workspace, verbose=args.verbose).exit_code
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -1,1 +1,39 @@
-"""The Client API that training scripts use: ``from engine import client as flare``."""
+"""The Client API that training scripts use: ``from engine import client as flare``.
+
+`init`, `receive`, `send`, `is_running`, `get_site_name`, `get_job_id`, `get_task_name`,
+`is_train`, `is_evaluate` and `log`. The script runs in a thread of the client process
+(``execution_mode = in_process``) or as its own process (``subprocess``); the calls are the same.
+"""
+
+from engine.client.api import (
+    get_job_id,
+    get_site_name,
+    get_task_name,
+    init,
+    is_evaluate,
+    is_running,
+    is_train,
+    log,
+    receive,
+    send,
+)
+from engine.client.exchange import ClientAPIError, TaskExchange, TaskItem
+from engine.model import FLModel, ParamsType
+
+__all__ = [
+    "ClientAPIError",
+    "FLModel",
+    "ParamsType",
+    "TaskExchange",
+    "TaskItem",
+    "get_job_id",
+    "get_site_name",
+    "get_task_name",
+    "init",
+    "is_evaluate",
+    "is_running",
+    "is_train",
+    "log",
+    "receive",
+    "send",
+]

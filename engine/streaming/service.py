@@ -53,6 +53,9 @@ class DownloadService:
     def __init__(self, cell: Cell, sweep_interval_s: float = DEFAULT_SWEEP_INTERVAL_S) -> None:
         self._cell = cell
         self.registry = DownloadRegistry()
+        #: Chunks this service has served (a figure for logs and tests).
+        self.chunks_served = 0
+        self._count_lock = threading.Lock()
         self._closed = threading.Event()
         for topic, handler in ((TOPIC_INFO, self._on_info), (TOPIC_CHUNK, self._on_chunk), (TOPIC_DONE, self._on_done)):
             cell.register_handler(CHANNEL, topic, handler)
@@ -134,9 +137,10 @@ class DownloadService:
     def _on_chunk(self, message: Message) -> Reply:
         index = message.header.get("index")
         try:
-            return Reply(
-                header={"index": index}, frames=self.registry.chunk(message.header.get("ref"), message.source, index)
-            )
+            frames = self.registry.chunk(message.header.get("ref"), message.source, index)
+            with self._count_lock:
+                self.chunks_served += 1
+            return Reply(header={"index": index}, frames=frames)
         except (DownloadRefused, StreamingError) as e:
             return Reply(status=Status.ERROR, reason=str(e))
 

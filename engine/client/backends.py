@@ -1,0 +1,191 @@
+"""Where the Client API's calls go: straight to a `TaskExchange`, or over a cell to the executor.
+
+`InProcessBackend` serves a script that runs in a thread of the client process. A script run as
+its own process gets a `SubprocessBackend`: a cell connected to the executor's local cell, with
+the model's tensors pulled by the downloader in both directions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from abc import ABC, abstractmethod
+from typing import Any
+
+from engine.cells import Cell, CellSettings
+from engine.client.exchange import ClientAPIError, TaskExchange, TaskItem
+from engine.errors import CellError
+from engine.fobs import default_registry
+from engine.model import FLModel
+from engine.streaming.codec import MessageCodec
+from engine.streaming.service import DownloadService
+from engine.streaming.via_downloader import StreamingContext
+
+log = logging.getLogger(__name__)
+
+#: Cell channel between a subprocess script and its executor.
+API_CHANNEL = "client_api"
+TOPIC_RECEIVE = "receive"
+TOPIC_SEND = "send"
+TOPIC_LOG = "log"
+#: Environment of a subprocess script: the executor's endpoint, the site, the job, settings.
+ENV_ENDPOINT = "FLENGINE_CLIENT_API_ENDPOINT"
+ENV_SITE = "FLENGINE_SITE_NAME"
+ENV_JOB = "FLENGINE_JOB_ID"
+ENV_STREAMING = "FLENGINE_STREAMING"
+#: How long one receive request waits for a task before the script asks again.
+RECEIVE_POLL_S = 2.0
+
+
+class Backend(ABC):
+    """What the Client API functions need from the side that runs the script."""
+
+    def __init__(self, site_name: str, job_id: str) -> None:
+        self.site_name = site_name
+        self.job_id = job_id
+        self.current: TaskItem | None = None
+
+    @abstractmethod
+    def receive(self, timeout_s: float | None) -> TaskItem | None:
+        """The next task, or None when the run ended (or ``timeout_s`` passed)."""
+
+    @abstractmethod
+    def send(self, model: FLModel) -> None:
+        """Answer the current task with ``model``."""
+
+    @abstractmethod
+    def is_running(self) -> bool:
+        """False once the executor said the run is over."""
+
+    @abstractmethod
+    def log(self, key: str, value: Any) -> None:
+        """Record a metric of the current task."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the backend holds."""
+
+
+class InProcessBackend(Backend):
+    """The Client API of a script running in a thread beside its executor.
+
+    Args:
+        exchange: The mailbox the executor puts tasks into.
+        site_name: This client's name.
+        job_id: The running job's id.
+        on_log: Called with ``(key, value, task)`` for every `log` call.
+    """
+
+    def __init__(self, exchange: TaskExchange, site_name: str, job_id: str, on_log: Any = None) -> None:
+        super().__init__(site_name, job_id)
+        self._exchange = exchange
+        self._on_log = on_log
+
+    def receive(self, timeout_s: float | None) -> TaskItem | None:
+        self.current = self._exchange.take_task(timeout_s)
+        return self.current
+
+    def send(self, model: FLModel) -> None:
+        self._exchange.put_result(model)
+
+    def is_running(self) -> bool:
+        return not self._exchange.ended
+
+    def log(self, key: str, value: Any) -> None:
+        if self._on_log is not None:
+            self._on_log(key, value, self.current)
+
+
+class SubprocessBackend(Backend):
+    """The Client API of a script that runs as its own process (``execution_mode = subprocess``).
+
+    Built by `from_environment` from the variables the executor sets when it starts the script.
+    """
+
+    def __init__(self, endpoint: str, site_name: str, job_id: str, streaming: dict[str, Any]) -> None:
+        super().__init__(site_name, job_id)
+        self._cell = Cell(f"{site_name}.script", CellSettings(), connect_to=endpoint).start()
+        self._service = DownloadService(self._cell)
+        self._codec = MessageCodec(
+            default_registry(), StreamingContext.from_config(self._cell, self._service, streaming)
+        )
+        self._parent = site_name
+        self._timeout_s = self._codec.context.per_request_timeout_s
+        self._running = True
+        if not self._cell.wait_connected(30.0):
+            self.close()
+            raise ClientAPIError(f"flare.init(): the executor at {endpoint} did not answer within 30 s")
+
+    @classmethod
+    def from_environment(cls) -> SubprocessBackend:
+        """The backend the executor prepared, or an error saying the script is not run by flengine."""
+        endpoint = os.environ.get(ENV_ENDPOINT)
+        if not endpoint:
+            raise ClientAPIError(
+                f"flare.init(): this script is not run by flengine ({ENV_ENDPOINT} is not set); "
+                "run it through a job's ClientAPIExecutor, e.g. with `flengine run JOB`"
+            )
+        streaming = json.loads(os.environ.get(ENV_STREAMING, "{}"))
+        return cls(endpoint, os.environ.get(ENV_SITE, "site"), os.environ.get(ENV_JOB, "job"), streaming)
+
+    def receive(self, timeout_s: float | None) -> TaskItem | None:
+        waited = 0.0
+        while self._running:
+            poll = RECEIVE_POLL_S if timeout_s is None else min(RECEIVE_POLL_S, max(timeout_s - waited, 0.01))
+            reply = self._request(TOPIC_RECEIVE, {"wait_s": poll}, timeout_s=poll + self._timeout_s)
+            state = reply.header.get("state")
+            if state == "end":
+                self._running = False
+            elif state == "task":
+                model = self._codec.decode(reply.frames)
+                self.current = TaskItem(str(reply.header["task_name"]), model)
+                return self.current
+            waited += poll
+            if timeout_s is not None and waited >= timeout_s:
+                return None
+        return None
+
+    def send(self, model: FLModel) -> None:
+        frames = self._codec.encode(model, receivers=[self._parent])
+        self._request(TOPIC_SEND, {}, frames, timeout_s=self._timeout_s)
+        self.current = None
+
+    def is_running(self) -> bool:
+        return self._running
+
+    def log(self, key: str, value: Any) -> None:
+        self._request(TOPIC_LOG, {"key": key, "value": value}, timeout_s=30.0)
+
+    def close(self) -> None:
+        self._running = False
+        self._service.close()
+        self._cell.stop()
+
+    def _request(self, topic: str, header: dict[str, Any], frames: list[Any] | None = None, timeout_s: float = 60.0):
+        try:
+            reply = self._cell.request(
+                self._parent, API_CHANNEL, topic, header=header, frames=frames or (), timeout_s=timeout_s
+            )
+        except CellError as e:
+            self._running = False
+            raise ClientAPIError(f"the executor of {self.site_name} went away: {e}") from e
+        if reply.header.get("error"):
+            raise ClientAPIError(str(reply.header["error"]))
+        return reply
+
+
+_lock = threading.Lock()
+_installed: Backend | None = None
+
+
+def install_backend(backend: Backend | None) -> None:
+    """Make ``backend`` serve this process's Client API calls (None removes it)."""
+    global _installed
+    with _lock:
+        _installed = backend
+
+
+def installed_backend() -> Backend | None:
+    """The backend serving this process's Client API calls, if any."""
+    return _installed

@@ -1,0 +1,52 @@
+"""`JobContext`: what a workflow may use of the job it runs in (components, workspace, progress)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _ignore(event: str, **fields: Any) -> None:
+    """The default progress sink: drops every event."""
+
+
+@dataclass
+class JobContext:
+    """The job around a workflow, given to it by the server runtime before ``run()``.
+
+    Attributes:
+        job_id: The running job's id.
+        workspace: The server's folder of the job's workspace (models, logs).
+        components: The server config's ``components``, by id.
+        report: Progress sink, ``report(event, **fields)``; events a workflow reports:
+            ``round_started`` (round, total_rounds), ``round_done`` (round, time_s, metrics,
+            clients), and ``workflow_note`` (message).
+        settings: The server config's engine settings (streaming chunk sizes and timeouts).
+    """
+
+    job_id: str = "job"
+    workspace: Path = field(default_factory=Path.cwd)
+    components: Mapping[str, Any] = field(default_factory=dict)
+    report: Callable[..., None] = _ignore
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    def get_component(self, component_id: str, expected: type[T] | None = None, key: str = "") -> T:
+        """The component with id ``component_id``; ``key`` names the arg that asked (for errors).
+
+        Raises:
+            ValueError: No component has that id, or it is not an ``expected``.
+        """
+        where = f"{key}: " if key else ""
+        if component_id not in self.components:
+            known = ", ".join(sorted(self.components)) or "none"
+            raise ValueError(f"{where}no component with id {component_id!r} in the server config (ids: {known})")
+        component = self.components[component_id]
+        if expected is not None and not isinstance(component, expected):
+            raise ValueError(
+                f"{where}component {component_id!r} is a {type(component).__name__}, expected a {expected.__name__}"
+            )
+        return component

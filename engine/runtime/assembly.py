@@ -1,0 +1,103 @@
+"""Building a side's components from its validated config: components, workflows, executors, filters."""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.config import ComponentSpec, ConfigDocument, build_component
+from engine.model import Shareable
+
+log = logging.getLogger(__name__)
+
+
+def build_entries(document: ConfigDocument, key: str) -> dict[str, Any]:
+    """Build every ``{id, path, args}`` entry of ``document.data[key]``, by id, in order."""
+    built = {}
+    for i, entry in enumerate(document.data.get(key, [])):
+        spec = ComponentSpec.from_entry(entry, (key, i))
+        built[spec.id or f"{key}[{i}]"] = build_component(spec, document)
+    return built
+
+
+@dataclass
+class ExecutorRoute:
+    """The executor that runs the tasks whose names match ``tasks`` (``*`` matches all)."""
+
+    tasks: list[str]
+    executor: Any
+
+    def matches(self, task_name: str) -> bool:
+        return any(fnmatch.fnmatchcase(task_name, pattern) for pattern in self.tasks)
+
+
+def build_executors(document: ConfigDocument) -> list[ExecutorRoute]:
+    """Build the ``executors`` of a client config, in order."""
+    routes = []
+    for i, item in enumerate(document.data.get("executors", [])):
+        spec = ComponentSpec.from_entry(item["executor"], ("executors", i, "executor"))
+        routes.append(ExecutorRoute(list(item["tasks"]), build_component(spec, document)))
+    return routes
+
+
+def route_task(routes: Sequence[ExecutorRoute], task_name: str) -> Any | None:
+    """The executor of the first route whose task names match ``task_name``."""
+    return next((route.executor for route in routes if route.matches(task_name)), None)
+
+
+class FilterError(Exception):
+    """A filter raised or returned something that is not a Shareable."""
+
+
+@dataclass
+class FilterChains:
+    """The ``task_data_filters`` or ``task_result_filters`` of a config, applied in order."""
+
+    chains: list[tuple[list[str], list[Any]]] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, document: ConfigDocument, key: str) -> FilterChains:
+        chains = []
+        for i, chain in enumerate(document.data.get(key, [])):
+            filters = [
+                build_component(ComponentSpec.from_entry(entry, (key, i, "filters", j)), document)
+                for j, entry in enumerate(chain.get("filters", []))
+            ]
+            chains.append((list(chain["tasks"]), filters))
+        return cls(chains)
+
+    def __bool__(self) -> bool:
+        return any(filters for _, filters in self.chains)
+
+    def apply(self, task_name: str, shareable: Shareable, site: str) -> Shareable:
+        """Run every filter whose chain names ``task_name``; raise `FilterError` naming a failing one."""
+        for patterns, filters in self.chains:
+            if not any(fnmatch.fnmatchcase(task_name, p) for p in patterns):
+                continue
+            for item in filters:
+                try:
+                    shareable = item.process(shareable, site)
+                except Exception as e:
+                    raise FilterError(f"filter {type(item).__name__} failed on task {task_name!r}: {e}") from e
+                if not isinstance(shareable, Shareable):
+                    raise FilterError(
+                        f"filter {type(item).__name__} returned {type(shareable).__name__}, not a Shareable"
+                    )
+        return shareable
+
+
+#: The config keys that decide how tensors stream (see `StreamingContext.from_config`).
+STREAMING_KEYS = (
+    "tensor_download_chunk_size",
+    "np_download_chunk_size",
+    "streaming_per_request_timeout",
+    "streaming_max_requests_in_flight",
+)
+
+
+def streaming_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The streaming settings of a validated config (the `STREAMING_KEYS` it sets)."""
+    return {key: config[key] for key in STREAMING_KEYS if key in config}

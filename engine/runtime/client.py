@@ -1,0 +1,202 @@
+"""`ClientJob`: the client side of a running job.
+
+It builds the client app's executors and filters, connects its cell to the server, and pulls:
+ask for a task, pull its tensors, filter, run the executor the task's name routes to, filter the
+result and submit it (the server pulls its tensors), until the server says END_RUN. When the
+server cannot be reached it keeps asking (the cell reconnects) for ``server_silence_limit_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from engine.cells import Cell, CellSettings, Message
+from engine.config import Job
+from engine.errors import CellError, CellRemoteError
+from engine.executors.client_api import REASON_HEADER
+from engine.executors.executor import ExecutorContext
+from engine.fobs import default_registry
+from engine.model import ReservedHeaderKey, ReturnCode, Shareable, make_reply
+from engine.runtime import protocol
+from engine.runtime.assembly import FilterChains, FilterError, build_executors, route_task, streaming_settings
+from engine.streaming.codec import MessageCodec
+from engine.streaming.service import DownloadService
+from engine.streaming.via_downloader import StreamingContext
+
+log = logging.getLogger(__name__)
+
+#: Seconds a client keeps trying to reach a server that does not answer before it gives up.
+DEFAULT_SERVER_SILENCE_LIMIT_S = 60.0
+
+
+class ClientJob:
+    """Runs the client app of ``job`` as ``site``, against the server at ``endpoint``.
+
+    Args:
+        job: The validated job.
+        site: This client's name, e.g. ``site-1``.
+        endpoint: The server cell's endpoint, ``tcp://host:port``.
+        workspace: This client's folder of the job's workspace.
+        job_id: The job's id.
+        server_silence_limit_s: How long to keep asking an unreachable server.
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        site: str,
+        endpoint: str,
+        workspace: Path,
+        job_id: str,
+        server_silence_limit_s: float = DEFAULT_SERVER_SILENCE_LIMIT_S,
+    ) -> None:
+        app = job.app_for(site)
+        if app is None or app.client is None:
+            raise ValueError(f"{job.folder}: no app with a config_fed_client is deployed to {site}")
+        self.app = app
+        self.site = site
+        self.endpoint = endpoint
+        self.workspace = workspace
+        self.job_id = job_id
+        self.server_silence_limit_s = server_silence_limit_s
+        self.abort_signal = threading.Event()
+        self.tasks_done = 0
+        self.chunks_served = 0
+
+    def run(self) -> None:
+        """Pull and run tasks until END_RUN; raise `CellError` if the server stays unreachable."""
+        document = self.app.client
+        config = document.data
+        if self.app.custom_dir is not None and self.app.custom_dir.is_dir():
+            sys.path.insert(0, str(self.app.custom_dir.resolve()))
+        self.settings = streaming_settings(config)
+        routes = build_executors(document)
+        data_filters = FilterChains.build(document, "task_data_filters")
+        result_filters = FilterChains.build(document, "task_result_filters")
+        cell_settings = CellSettings.from_config(config.get("cell", {}))
+        self.cell = Cell(self.site, cell_settings, connect_to=self.endpoint).start()
+        service = DownloadService(self.cell)
+        self.codec = MessageCodec(default_registry(), StreamingContext.from_config(self.cell, service, self.settings))
+        context = ExecutorContext(self.site, self.job_id, self.workspace, self.app.custom_dir, dict(self.settings))
+        started = []
+        try:
+            for route in routes:
+                route.executor.initialize(context)
+                started.append(route.executor)
+            self._pull_loop(routes, data_filters, result_filters)
+        finally:
+            for executor in started:
+                try:
+                    executor.finalize()
+                except Exception:
+                    log.exception("executor finalize failed executor=%s", type(executor).__name__)
+            self.chunks_served = service.chunks_served
+            service.close()
+            self.cell.stop()
+
+    def _pull_loop(self, routes: list[Any], data_filters: FilterChains, result_filters: FilterChains) -> None:
+        last_heard = time.monotonic()
+        while not self.abort_signal.is_set():
+            try:
+                reply = self.cell.request("server", protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, timeout_s=30.0)
+            except CellError as e:
+                silent_s = time.monotonic() - last_heard
+                if silent_s > self.server_silence_limit_s:
+                    raise CellError(f"{self.site}: the server did not answer for {silent_s:.0f} s ({e})") from e
+                log.warning("server not reachable, retrying: %s", e)
+                self.abort_signal.wait(1.0)
+                continue
+            last_heard = time.monotonic()
+            state = reply.header.get("state")
+            if state == protocol.STATE_END:
+                log.info("server ended the run tasks_done=%d", self.tasks_done)
+                return
+            if state == protocol.STATE_TASK:
+                self._run_task(reply, routes, data_filters, result_filters)
+                last_heard = time.monotonic()
+            else:
+                self.abort_signal.wait(float(reply.header.get("retry_s", protocol.DEFAULT_RETRY_S)))
+
+    def _run_task(
+        self, reply: Message, routes: list[Any], data_filters: FilterChains, result_filters: FilterChains
+    ) -> None:
+        task_name = str(reply.header["task_name"])
+        task_id = str(reply.header["task_id"])
+        started = time.monotonic()
+        result = self._execute(task_name, task_id, reply, routes, data_filters)
+        try:
+            result = result_filters.apply(task_name, result, self.site)
+        except FilterError as e:
+            log.warning("result filter failed task=%s: %s", task_name, e)
+            result = _failed(ReturnCode.EXECUTION_EXCEPTION, str(e))
+        result.set_header(ReservedHeaderKey.TASK_NAME, task_name)
+        result.set_header(ReservedHeaderKey.TASK_ID, task_id)
+        if self._current_round is not None:
+            result.set_header(ReservedHeaderKey.CURRENT_ROUND, self._current_round)
+        log.info(
+            "task done task=%s id=%s rc=%s seconds=%.2f",
+            task_name,
+            task_id,
+            result.get_return_code().value,
+            time.monotonic() - started,
+        )
+        self._submit(task_name, task_id, result)
+        self.tasks_done += 1
+
+    def _execute(
+        self, task_name: str, task_id: str, reply: Message, routes: list[Any], data_filters: FilterChains
+    ) -> Shareable:
+        self._current_round = None
+        try:
+            data = self.codec.decode(reply.frames)
+            if not isinstance(data, Shareable):
+                raise TypeError(f"task data must be a Shareable, got {type(data).__name__}")
+        except Exception as e:
+            log.warning("task data could not be received task=%s: %s", task_name, e)
+            return _failed(ReturnCode.BAD_TASK_DATA, f"task data could not be received: {e}")
+        data.set_header(ReservedHeaderKey.TASK_NAME, task_name)
+        data.set_header(ReservedHeaderKey.TASK_ID, task_id)
+        self._current_round = data.get_header(ReservedHeaderKey.CURRENT_ROUND)
+        executor = route_task(routes, task_name)
+        if executor is None:
+            return _failed(ReturnCode.TASK_UNKNOWN, f"no executor of {self.site} handles task {task_name!r}")
+        try:
+            data = data_filters.apply(task_name, data, self.site)
+            return executor.execute(task_name, data, self.abort_signal)
+        except FilterError as e:
+            return _failed(ReturnCode.BAD_TASK_DATA, str(e))
+        except Exception as e:
+            log.exception("executor failed task=%s", task_name)
+            return _failed(ReturnCode.EXECUTION_EXCEPTION, f"{type(e).__name__}: {e}")
+
+    def _submit(self, task_name: str, task_id: str, result: Shareable) -> None:
+        frames = self.codec.encode(result, receivers=["server"])
+        del result
+        # The server replies once it has pulled every tensor; each pull is bounded by the
+        # per-request timeout, and a server that dies fails the request as unreachable at once.
+        timeout_s = max(self.codec.context.per_request_timeout_s * 10, 60.0)
+        try:
+            reply = self.cell.request(
+                "server",
+                protocol.TASK_CHANNEL,
+                protocol.TOPIC_SUBMIT,
+                header={"task_id": task_id, "task_name": task_name},
+                frames=frames,
+                timeout_s=timeout_s,
+            )
+            log.info("result submitted task=%s outcome=%s", task_name, reply.header.get("outcome"))
+        except CellRemoteError as e:
+            log.warning("the server refused the result of task=%s: %s", task_name, e)
+        except CellError as e:
+            log.warning("result of task=%s not delivered: %s", task_name, e)
+
+
+def _failed(code: ReturnCode, reason: str) -> Shareable:
+    reply = make_reply(code)
+    reply.set_header(REASON_HEADER, reason)
+    return reply

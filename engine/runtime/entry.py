@@ -1,0 +1,110 @@
+"""The processes the simulator starts: ``python -m engine.runtime.entry server|client ...``.
+
+Each writes its log to ``<workspace>/<site>/log.txt`` and its figures to ``process.json``; the
+server also writes progress events as JSON lines on stdout and its outcome to ``result.json``.
+A process exits when the process that started it goes away, so no orphan is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.config import load_job
+from engine.runtime.client import ClientJob
+from engine.runtime.process import EventWriter, exit_with_parent, log_to_file, write_process_file
+from engine.runtime.server import ServerJob
+from engine.runtime.states import JobState
+
+log = logging.getLogger(__name__)
+
+RESULT_FILE = "result.json"
+#: Seconds a client gets after SIGTERM to finish by itself.
+STOP_GRACE_S = 5.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one server or client process of a job; return its exit code."""
+    args = _parser().parse_args(argv)
+    folder = Path(args.workspace) / args.site
+    folder.mkdir(parents=True, exist_ok=True)
+    log_to_file(folder, args.verbose)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the simulator decides; it sends SIGTERM
+    job = load_job(args.job)
+    if args.role == "server":
+        return _run_server(job, folder, args)
+    return _run_client(job, folder, args)
+
+
+def _run_server(job, folder: Path, args: argparse.Namespace) -> int:
+    events = EventWriter()
+    server = ServerJob(job, folder, args.clients.split(","), args.job_id, events)
+    signal.signal(signal.SIGTERM, lambda *_: server.abort("stopped by the simulator (SIGTERM)"))
+    exit_with_parent(args.parent_pid, lambda: server.abort("the simulator went away"))
+    started = time.time()
+    try:
+        outcome = server.run()
+        state, reason, rounds = outcome.state, outcome.reason, outcome.rounds
+    except Exception as e:
+        log.exception("server job failed")
+        state, reason, rounds = JobState.FINISHED_EXECUTION_EXCEPTION, f"{type(e).__name__}: {e}", server.rounds
+    record = {"state": state.value, "reason": reason, "rounds": rounds, "seconds": time.time() - started}
+    (folder / RESULT_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    write_process_file(folder, args.site, chunks_served=server.chunks_served)
+    events("job_done", state=state.value, reason=reason)
+    return 0 if state is JobState.FINISHED_COMPLETED else 1
+
+
+def _run_client(job, folder: Path, args: argparse.Namespace) -> int:
+    client = ClientJob(job, args.site, args.connect, folder, args.job_id)
+    signal.signal(signal.SIGTERM, lambda *_: _stop_client(client, folder, args.site))
+    exit_with_parent(args.parent_pid, client.abort_signal.set)
+    code = 0
+    try:
+        client.run()
+    except Exception as e:
+        log.exception("client job failed")
+        print(f"Error: {args.site}: {type(e).__name__}: {e}", file=sys.stderr)
+        code = 1
+    write_process_file(folder, args.site, tasks_done=client.tasks_done, chunks_served=client.chunks_served)
+    return code
+
+
+def _stop_client(client: ClientJob, folder: Path, site: str) -> None:
+    """SIGTERM: abandon the task; a training script that does not return in time cannot hold the exit."""
+    client.abort_signal.set()
+
+    def exit_late() -> None:
+        write_process_file(folder, site, tasks_done=client.tasks_done, stopped="SIGTERM")
+        logging.shutdown()
+        os._exit(143)
+
+    timer = threading.Timer(STOP_GRACE_S, exit_late)
+    timer.daemon = True
+    timer.start()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine.runtime.entry")
+    parser.add_argument("role", choices=["server", "client"])
+    parser.add_argument("--job", required=True, help="the job folder")
+    parser.add_argument("--workspace", required=True, help="the job's workspace folder")
+    parser.add_argument("--site", default="server", help="this process's site name")
+    parser.add_argument("--job-id", default="job")
+    parser.add_argument("--clients", default="", help="server: comma-separated client names")
+    parser.add_argument("--connect", default="", help="client: the server's endpoint")
+    parser.add_argument("--parent-pid", type=int, default=os.getppid())
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

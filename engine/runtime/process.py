@@ -1,0 +1,74 @@
+"""What every runtime process does: its log file, its peak memory, its events on stdout."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+#: Name of the file each process writes its own figures to, in its workspace folder.
+PROCESS_FILE = "process.json"
+LOG_FILE = "log.txt"
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (VmHWM), in bytes."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def write_process_file(folder: Path, name: str, **fields: Any) -> None:
+    """Record this process's pid, peak RSS and ``fields`` in ``folder/process.json``."""
+    record = {"name": name, "pid": os.getpid(), "peak_rss_bytes": peak_rss_bytes(), **fields}
+    (folder / PROCESS_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def log_to_file(folder: Path, verbose: bool = False) -> None:
+    """Send this process's log records to ``folder/log.txt``."""
+    handler = logging.FileHandler(folder / LOG_FILE, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+class EventWriter:
+    """Progress events as JSON lines on stdout, for the simulator to show (thread-safe)."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self._stream = stream if stream is not None else sys.stdout
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"event": event, **fields}, default=str)
+        with self._lock:
+            try:
+                self._stream.write(line + "\n")
+                self._stream.flush()
+            except (OSError, ValueError):  # nobody listens any more; the log still has it
+                pass
+
+
+def exit_with_parent(parent_pid: int | None, on_orphaned: Any) -> None:
+    """Call ``on_orphaned()`` when the process that started this one goes away (checked every 1 s)."""
+    if not parent_pid:
+        return
+
+    def watch() -> None:
+        stop = threading.Event()
+        while not stop.wait(1.0):
+            if os.getppid() != parent_pid:
+                on_orphaned()
+                return
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

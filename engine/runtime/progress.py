@@ -1,0 +1,104 @@
+"""How the simulator shows a running job: progress lines from the server's events, a summary table."""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+
+class ProgressPrinter:
+    """Turns the server's progress events into short lines: round k of R, who trains, transfer rates."""
+
+    def __init__(self, out: IO[str], clients: list[str]) -> None:
+        self.out = out
+        self.clients = clients
+        self.round = "?"
+        self.total = "?"
+        self._noted: set[str] = set()
+
+    def line(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def noted(self, site: str) -> bool:
+        """True the second time a site is asked about (so its exit is reported once)."""
+        seen = site in self._noted
+        self._noted.add(site)
+        return seen
+
+    def show(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        handler = getattr(self, f"_on_{kind}", None)
+        if handler is not None:
+            handler(event)
+
+    def _prefix(self) -> str:
+        return f"[round {self.round}/{self.total}]"
+
+    def _on_listening(self, event: dict[str, Any]) -> None:
+        self.line(f"server listening on {event['endpoint']}; starting {', '.join(self.clients)}")
+
+    def _on_workflow_started(self, event: dict[str, Any]) -> None:
+        self.line(f"workflow {event['workflow']} started")
+
+    def _on_round_started(self, event: dict[str, Any]) -> None:
+        self.round = event.get("round", 0) + 1 if isinstance(event.get("round"), int) else "?"
+        self.total = event.get("total_rounds", "?")
+        targets = event.get("clients") or []
+        self.line(f"{self._prefix()} sending the model to {', '.join(targets) or 'the clients'}")
+
+    def _on_task_sent(self, event: dict[str, Any]) -> None:
+        self.line(f"{self._prefix()} {event['site']}: {event['task']} started")
+
+    def _on_result_received(self, event: dict[str, Any]) -> None:
+        size, seconds = event.get("bytes", 0), event.get("seconds", 0.0)
+        rate = f", {size / max(seconds, 1e-9) / 2**20:.0f} MiB/s" if size else ""
+        self.line(
+            f"{self._prefix()} {event['site']}: result received ({size / 2**20:.1f} MiB in {seconds:.2f} s{rate})"
+        )
+
+    def _on_client_dead(self, event: dict[str, Any]) -> None:
+        self.line(f"{self._prefix()} {event['site']}: stopped answering (CLIENT_DEAD)")
+
+    def _on_round_done(self, event: dict[str, Any]) -> None:
+        metrics = _format_metrics(event.get("metrics") or {})
+        clients = event.get("clients") or []
+        self.line(
+            f"{self._prefix()} done in {event.get('time_s', 0):.2f} s, "
+            f"{len(clients)} result{'s' if len(clients) != 1 else ''}{': ' + metrics if metrics else ''}"
+        )
+
+    def _on_workflow_note(self, event: dict[str, Any]) -> None:
+        self.line(f"{self._prefix()} {event.get('message', '')}")
+
+    def _on_job_done(self, event: dict[str, Any]) -> None:
+        reason = f" ({event['reason']})" if event.get("reason") else ""
+        self.line(f"server finished: {event.get('state')}{reason}")
+
+
+def summary_table(summary: dict[str, Any]) -> list[str]:
+    """The lines of the end-of-run summary: rounds with time and metrics, processes with peak RSS."""
+    lines = ["", "round  time (s)  metrics"]
+    for entry in summary.get("rounds", []):
+        round_number = entry.get("round", 0) + 1 if isinstance(entry.get("round"), int) else "?"
+        lines.append(
+            f"{round_number:>5}  {entry.get('time_s', 0):>8.2f}  {_format_metrics(entry.get('metrics') or {})}"
+        )
+    if not summary.get("rounds"):
+        lines.append("    -         -  (no round finished)")
+    lines += ["", "process   peak RSS (MiB)  exit code"]
+    for site, entry in summary.get("processes", {}).items():
+        rss = entry.get("peak_rss_mb")
+        lines.append(f"{site:<8}  {rss if rss is not None else '-':>14}  {entry.get('exit_code')}")
+    reason = f" ({summary['reason']})" if summary.get("reason") else ""
+    lines += [
+        "",
+        f"{summary.get('status')}{reason} in {summary.get('seconds', 0):.1f} s",
+        f"workspace: {summary.get('workspace')}",
+    ]
+    return lines
+
+
+def _format_metrics(metrics: dict[str, Any]) -> str:
+    parts = []
+    for key, value in metrics.items():
+        parts.append(f"{key}={value:.4f}" if isinstance(value, float) else f"{key}={value}")
+    return " ".join(parts)

@@ -1,0 +1,20 @@
+"""What the server job and its client jobs say to each other over their cells."""
+
+from __future__ import annotations
+
+#: Channel of task pulling and result submission.
+TASK_CHANNEL = "task"
+#: Client -> server: "give me my next task". Reply header ``state``: one of the states below.
+TOPIC_GET_TASK = "get"
+#: Client -> server: a result (frames: the FOBS Shareable). Header: ``task_id``, ``task_name``.
+TOPIC_SUBMIT = "submit"
+
+#: A task follows: header ``task_name``, ``task_id``; frames: the FOBS Shareable.
+STATE_TASK = "task"
+#: Nothing for this client now: ask again after ``retry_s`` seconds.
+STATE_WAIT = "wait"
+#: The job is over: finalize and exit.
+STATE_END = "end"
+
+#: Seconds a client waits before asking again when told to wait.
+DEFAULT_RETRY_S = 0.2

@@ -1,0 +1,293 @@
+"""`ServerJob`: the server side of a running job.
+
+It builds the server app's components and workflows, opens the server cell, and answers the
+clients: ``get`` hands out the next task the controller's queue has for that client (serialized
+once per task and pulled by every client from the same downloadable), ``submit`` pulls a result
+and gives it to the queue. A monitor thread applies task timeouts and turns clients that stopped
+heartbeating into CLIENT_DEAD. The workflows run one after the other in the calling thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.cells import Cell, CellSettings, Message, Reply, Status
+from engine.config import Job
+from engine.controller import Controller, TaskQueue
+from engine.controller.context import JobContext
+from engine.fobs import default_registry
+from engine.model import DXO, FLModel, ReservedHeaderKey, Shareable
+from engine.runtime import protocol
+from engine.runtime.assembly import FilterChains, FilterError, build_entries, streaming_settings
+from engine.runtime.states import JobState
+from engine.streaming.codec import MessageCodec
+from engine.streaming.service import DownloadService
+from engine.streaming.via_downloader import StreamingContext
+
+log = logging.getLogger(__name__)
+
+#: Seconds between the monitor's checks of task timeouts and client liveness.
+MONITOR_INTERVAL_S = 0.2
+#: Seconds the server waits, after the last workflow, for every live client to hear END_RUN.
+END_RUN_GRACE_S = 15.0
+#: Seconds the server waits for every client to ask for work before the first workflow starts.
+CLIENTS_READY_TIMEOUT_S = 120.0
+
+
+@dataclass
+class JobOutcome:
+    """How the server job ended."""
+
+    state: JobState
+    reason: str = ""
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ServerJob:
+    """Runs the server app of ``job`` for ``clients``.
+
+    Args:
+        job: The validated job.
+        workspace: The server's folder of the job's workspace.
+        clients: The names of the clients that take part (``site-1`` ...).
+        job_id: The job's id, as the clients will see it.
+        report: Progress sink, ``report(event, **fields)``.
+    """
+
+    def __init__(self, job: Job, workspace: Path, clients: list[str], job_id: str, report: Any = None) -> None:
+        app = job.app_for("server")
+        if app is None or app.server is None:
+            raise ValueError(f"{job.folder}: no app with a config_fed_server is deployed to the server")
+        self.job = job
+        self.app = app
+        self.workspace = workspace
+        self.clients = clients
+        self.job_id = job_id
+        self.abort_signal = threading.Event()
+        self.rounds: list[dict[str, Any]] = []
+        self._report = report or (lambda event, **fields: None)
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+        self._dead: set[str] = set()
+        self._told_end: set[str] = set()
+        self._task_frames: dict[int, tuple[Any, list[Any]]] = {}
+        self._stopped = threading.Event()
+        self.chunks_served = 0
+
+    def report(self, event: str, **fields: Any) -> None:
+        """Forward a progress event, keeping the rounds for the job's summary."""
+        if event == "round_done":
+            self.rounds.append(fields)
+        self._report(event, **fields)
+
+    def run(self) -> JobOutcome:
+        """Run every workflow of the server config; return how the job ended."""
+        document = self.app.server
+        config = document.data
+        if self.app.custom_dir is not None and self.app.custom_dir.is_dir():
+            sys.path.insert(0, str(self.app.custom_dir.resolve()))
+        components = build_entries(document, "components")
+        workflows = build_entries(document, "workflows")
+        self._data_filters = FilterChains.build(document, "task_data_filters")
+        self._result_filters = FilterChains.build(document, "task_result_filters")
+        for component in components.values():
+            if callable(getattr(component, "use_workspace", None)):
+                component.use_workspace(self.workspace)
+
+        settings = streaming_settings(config)
+        self.cell = Cell("server", CellSettings.from_config(config.get("cell", {}))).start()
+        self.service = DownloadService(self.cell)
+        self.codec = MessageCodec(default_registry(), StreamingContext.from_config(self.cell, self.service, settings))
+        self.queue = TaskQueue(self.clients)
+        self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, self._on_get_task)
+        self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_SUBMIT, self._on_submit)
+        monitor = threading.Thread(target=self._monitor, name="server-monitor", daemon=True)
+        monitor.start()
+        self.report("listening", endpoint=self.cell.endpoint)
+        context = JobContext(self.job_id, self.workspace, components, self.report, settings)
+        try:
+            missing = self._wait_clients_ready(CLIENTS_READY_TIMEOUT_S)
+            if missing:
+                reason = f"clients never connected within {CLIENTS_READY_TIMEOUT_S:.0f} s: {', '.join(missing)}"
+                outcome = JobOutcome(JobState.FINISHED_EXECUTION_EXCEPTION, reason)
+            else:
+                outcome = self._run_workflows(workflows, context)
+        finally:
+            self.queue.end_run()
+            self._wait_end_heard()
+            self._stopped.set()
+            monitor.join(2.0)
+            self.chunks_served = self.service.chunks_served
+            self.service.close()
+            self.cell.stop()
+        return outcome
+
+    def abort(self, reason: str = "aborted") -> None:
+        """Stop the job: the running workflow sees its abort signal."""
+        self._abort_reason = reason
+        self.abort_signal.set()
+
+    # ----------------------------------------------------------------- workflows
+
+    def _run_workflows(self, workflows: dict[str, Any], context: JobContext) -> JobOutcome:
+        for workflow_id, workflow in workflows.items():
+            if self.abort_signal.is_set():
+                break
+            if not isinstance(workflow, Controller):
+                return JobOutcome(
+                    JobState.FINISHED_EXECUTION_EXCEPTION,
+                    f"workflow {workflow_id!r} is a {type(workflow).__name__}, not an engine.controller.Controller",
+                    self.rounds,
+                )
+            workflow.bind(self.queue, self.abort_signal, context)
+            log.info("workflow started id=%s", workflow_id)
+            self.report("workflow_started", workflow=workflow_id)
+            try:
+                workflow.run()
+            except Exception as e:
+                log.exception("workflow failed id=%s", workflow_id)
+                reason = f"workflow {workflow_id!r} failed: {type(e).__name__}: {e}"
+                return JobOutcome(JobState.FINISHED_EXECUTION_EXCEPTION, reason, self.rounds)
+            finally:
+                self.queue.cancel_all()
+        if self.abort_signal.is_set():
+            return JobOutcome(JobState.FINISHED_ABORTED, getattr(self, "_abort_reason", "aborted"), self.rounds)
+        return JobOutcome(JobState.FINISHED_COMPLETED, "", self.rounds)
+
+    def _wait_clients_ready(self, timeout_s: float) -> list[str]:
+        """Wait until every client has asked for work (so task timeouts do not count start-up time)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.abort_signal.is_set():
+            with self._lock:
+                missing = [site for site in self.clients if site not in self._seen]
+            if not missing or time.monotonic() > deadline:
+                return missing
+            self.abort_signal.wait(0.05)
+        return []
+
+    def _wait_end_heard(self) -> None:
+        deadline = time.monotonic() + END_RUN_GRACE_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                waiting = self._seen - self._dead - self._told_end
+            if not waiting:
+                return
+            self._stopped.wait(0.1)
+        log.warning("clients did not ask for work after the job ended: %s", sorted(waiting))
+
+    # ----------------------------------------------------------------- handlers
+
+    def _on_get_task(self, message: Message) -> Reply:
+        site = message.source
+        with self._lock:
+            self._seen.add(site)
+        if self.queue.ended:
+            with self._lock:
+                self._told_end.add(site)
+            return Reply(header={"state": protocol.STATE_END})
+        assignment = self.queue.next_task(site)
+        if assignment is None:
+            return Reply(header={"state": protocol.STATE_WAIT, "retry_s": protocol.DEFAULT_RETRY_S})
+        try:
+            frames = self._task_frames_for(assignment, site)
+        except Exception as e:  # a filter or the serializer refused this client's task
+            log.warning("task not sent site=%s task=%s: %s", site, assignment.task_name, e)
+            self.queue.fail_client_task(site, assignment.task_id, str(e))
+            return Reply(header={"state": protocol.STATE_WAIT, "retry_s": protocol.DEFAULT_RETRY_S})
+        self.report(
+            "task_sent",
+            site=site,
+            task=assignment.task_name,
+            round=assignment.data.get_header(ReservedHeaderKey.CURRENT_ROUND),
+        )
+        header = {"state": protocol.STATE_TASK, "task_name": assignment.task_name, "task_id": assignment.task_id}
+        return Reply(header=header, frames=frames)
+
+    def _task_frames_for(self, assignment: Any, site: str) -> list[Any]:
+        """The task's frames: encoded once per task (one downloadable for all its clients)."""
+        if self._data_filters:
+            data = self._data_filters.apply(assignment.task_name, _private_copy(assignment.data), site)
+            return self.codec.encode(data, receivers=[site])
+        task = assignment.client_task.task
+        with self._lock:
+            for key, (cached, _) in list(self._task_frames.items()):
+                if cached.completion_status is not None:
+                    del self._task_frames[key]
+            entry = self._task_frames.get(id(task))
+            if entry is None:
+                receivers = list(task.targets) if task.targets else list(self.clients)
+                entry = (task, self.codec.encode(assignment.data, receivers=receivers))
+                self._task_frames[id(task)] = entry
+        return entry[1]
+
+    def _on_submit(self, message: Message) -> Reply:
+        site = message.source
+        task_id = str(message.header.get("task_id", ""))
+        task_name = str(message.header.get("task_name", ""))
+        started = time.monotonic()
+        self.report("result_uploading", site=site, task=task_name)
+        try:
+            result = self.codec.decode(message.frames)
+            if not isinstance(result, Shareable):
+                raise TypeError(f"expected a Shareable, got {type(result).__name__}")
+            result = self._result_filters.apply(task_name, result, site)
+        except (FilterError, Exception) as e:
+            reason = f"result of {site} for task {task_name!r} refused: {e}"
+            log.warning("%s", reason)
+            self.queue.fail_client_task(site, task_id, reason)
+            return Reply(header={"outcome": "FAILED", "reason": reason}, status=Status.ERROR, reason=reason)
+        seconds = time.monotonic() - started
+        self.report("result_received", site=site, task=task_name, bytes=payload_bytes(result), seconds=seconds)
+        outcome = self.queue.submit(site, task_id, result)
+        return Reply(header={"outcome": outcome.value})
+
+    # ----------------------------------------------------------------- monitor
+
+    def _monitor(self) -> None:
+        while not self._stopped.wait(MONITOR_INTERVAL_S):
+            try:
+                self.queue.check()
+                connected = {peer.split(".", 1)[0] for peer in self.cell.peers()}
+                with self._lock:
+                    gone = self._seen - self._dead - connected
+                    self._dead |= gone
+                for site in sorted(gone):
+                    log.warning("client stopped answering heartbeats site=%s", site)
+                    self.report("client_dead", site=site)
+                    self.queue.client_dead(site)
+            except Exception:
+                log.exception("server monitor error")
+
+
+def payload_bytes(value: Any) -> int:
+    """Bytes of tensor and array memory in a result (what was streamed)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, FLModel):
+        return payload_bytes(value.params)
+    if isinstance(value, dict):
+        return sum(payload_bytes(item) for item in value.values())
+    if hasattr(value, "data") and isinstance(value.data, dict):  # a DXO
+        return payload_bytes(value.data)
+    return 0
+
+
+def _private_copy(data: Shareable) -> Shareable:
+    """A copy of the task data that one client's filters may change (tensors are shared, not copied)."""
+    copy = Shareable(data)
+    for key, value in copy.items():
+        if isinstance(value, (FLModel, DXO)):
+            copy[key] = dataclasses.replace(value)
+    return copy

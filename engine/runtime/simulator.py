@@ -1,0 +1,297 @@
+"""The simulator behind ``flengine run``: a server process and N client processes on this machine.
+
+It starts the server job, waits for its endpoint, starts ``site-1`` .. ``site-N``, shows the
+server's progress events as they come, and stops everything on success, on failure and on
+Ctrl-C. At the end it writes ``<workspace>/summary.json`` (states, rounds, per-process peak RSS)
+and prints a summary table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from engine.config import Job, load_job
+from engine.errors import UsageError
+from engine.runtime.entry import RESULT_FILE
+from engine.runtime.process import LOG_FILE, PROCESS_FILE
+from engine.runtime.progress import ProgressPrinter, summary_table
+from engine.runtime.states import JobState
+
+SUMMARY_FILE = "summary.json"
+#: Seconds to wait for the server to report its endpoint.
+STARTUP_TIMEOUT_S = 60.0
+#: Seconds processes get to exit by themselves before they are terminated, then killed.
+STOP_GRACE_S = 20.0
+
+
+@dataclass
+class SimulationResult:
+    """What `run_simulation` leaves behind: the final state and the summary written to disk."""
+
+    state: JobState
+    workspace: Path
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when the job completed, 130 when it was aborted (Ctrl-C), 1 otherwise."""
+        if self.state is JobState.FINISHED_COMPLETED:
+            return 0
+        return 130 if self.state is JobState.FINISHED_ABORTED else 1
+
+
+def run_simulation(
+    job_dir: str | os.PathLike[str],
+    n_clients: int | None = None,
+    workspace: str | os.PathLike[str] | None = None,
+    out: IO[str] | None = None,
+    verbose: bool = False,
+) -> SimulationResult:
+    """Run a job with a server and ``n_clients`` client processes; return how it ended.
+
+    Args:
+        job_dir: The job folder (validated first; a bad job raises `ConfigError`).
+        n_clients: How many clients (``site-1`` ..); the job's ``min_clients`` by default.
+        workspace: Where logs, models and ``summary.json`` go; by default a new folder
+            ``workspace/<job name>-<time>`` under the current folder. It must be new or empty.
+        out: Where progress and the summary are printed (stdout by default).
+        verbose: Debug logging in every process.
+    """
+    out = out or sys.stdout
+    job = load_job(job_dir)
+    clients = _client_names(job, n_clients)
+    folder = _prepare_workspace(job, workspace)
+    job_id = folder.name
+    run = _Run(job, clients, folder, job_id, out, verbose)
+    return run.execute()
+
+
+def _client_names(job: Job, n_clients: int | None) -> list[str]:
+    n = job.min_clients if n_clients is None else n_clients
+    if n < 1:
+        raise UsageError(f"-n: expected at least 1 client, got {n}")
+    if n < job.min_clients:
+        raise UsageError(f"-n {n}: the job needs at least min_clients = {job.min_clients} clients (meta)")
+    names = [f"site-{i}" for i in range(1, n + 1)]
+    for site in ["server", *names]:
+        app = job.app_for(site)
+        config = None if app is None else (app.server if site == "server" else app.client)
+        if config is None:
+            raise UsageError(f"{job.folder}: deploy_map gives {site} no app with a config_fed_{_side(site)}")
+    return names
+
+
+def _side(site: str) -> str:
+    return "server" if site == "server" else "client"
+
+
+def _prepare_workspace(job: Job, workspace: str | os.PathLike[str] | None) -> Path:
+    if workspace is None:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        folder = Path("workspace") / f"{job.name}-{stamp}"
+        suffix = 1
+        while folder.exists():
+            suffix += 1
+            folder = Path("workspace") / f"{job.name}-{stamp}-{suffix}"
+    else:
+        folder = Path(workspace)
+        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            raise UsageError(f"--workspace {folder}: not an empty folder; choose a new one or empty it")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder.resolve()
+
+
+class _Run:
+    """One simulation: its processes, its events, its summary."""
+
+    def __init__(self, job: Job, clients: list[str], folder: Path, job_id: str, out: IO[str], verbose: bool) -> None:
+        self.job = job
+        self.clients = clients
+        self.folder = folder
+        self.job_id = job_id
+        self.out = out
+        self.verbose = verbose
+        self.states: list[dict[str, Any]] = []
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.printer = ProgressPrinter(out, clients)
+        self.started = time.monotonic()
+
+    def execute(self) -> SimulationResult:
+        self._enter(JobState.SUBMITTED)
+        self.printer.line(f"job {self.job.name}: {len(self.clients)} clients, workspace {self.folder}")
+        state, reason = JobState.FINISHED_EXECUTION_EXCEPTION, ""
+        interrupted = False
+        try:
+            state, reason = self._supervise()
+        except _ServerFailed as e:
+            state, reason = JobState.FINISHED_EXECUTION_EXCEPTION, str(e)
+        except KeyboardInterrupt:
+            self.printer.line("interrupted: stopping the job")
+            state, reason = JobState.FINISHED_ABORTED, "interrupted (Ctrl-C)"
+            interrupted = True
+        finally:
+            self._stop_all(interrupted)
+        result_state, result_reason = self._server_result()
+        if state is not JobState.FINISHED_ABORTED and result_state is not None:
+            state, reason = result_state, result_reason or reason
+        self._enter(state)
+        summary = self._write_summary(state, reason)
+        for line in summary_table(summary):
+            self.printer.line(line)
+        return SimulationResult(state, self.folder, summary)
+
+    def _enter(self, state: JobState) -> None:
+        self.states.append({"state": state.value, "time": datetime.now().isoformat(timespec="seconds")})
+
+    def _supervise(self) -> tuple[JobState, str]:
+        server = self._start("server", ["--clients", ",".join(self.clients)], capture=True)
+        threading.Thread(target=self._read_events, args=(server.stdout,), daemon=True).start()
+        endpoint = self._wait_endpoint()
+        for site in self.clients:
+            self._start(site, ["--connect", endpoint])
+        self._enter(JobState.RUNNING)
+        while True:
+            try:
+                event = self.events.get(timeout=0.5)
+            except queue.Empty:
+                event = {}
+            if event is None:  # the server's stdout closed: it is exiting
+                server.wait(STOP_GRACE_S)
+                return self._server_result() if self._server_result()[0] else self._crashed("server")
+            if event:
+                self.printer.show(event)
+            for site in self.clients:
+                code = self.processes[site].poll()
+                if code not in (None, 0) and not self.printer.noted(site):
+                    self.printer.line(f"{site} exited with code {code}; see {self.folder / site / LOG_FILE}")
+
+    def _wait_endpoint(self) -> str:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if event is None:
+                raise _ServerFailed(self._crashed("server")[1])
+            if event.get("event") == "listening":
+                return str(event["endpoint"])
+            self.printer.show(event)
+        raise _ServerFailed(f"the server did not start within {STARTUP_TIMEOUT_S:.0f} s")
+
+    def _start(self, site: str, extra: list[str], capture: bool = False) -> subprocess.Popen[bytes]:
+        (self.folder / site).mkdir(parents=True, exist_ok=True)
+        role = "server" if site == "server" else "client"
+        command = [
+            sys.executable, "-m", "engine.runtime.entry", role,
+            "--job", str(self.job.folder.resolve()), "--workspace", str(self.folder),
+            "--site", site, "--job-id", self.job_id, "--parent-pid", str(os.getpid()),
+            *extra, *(["--verbose"] if self.verbose else []),
+        ]  # fmt: skip
+        errors = (self.folder / site / "stderr.txt").open("wb")
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE if capture else errors,
+            stderr=errors,
+            stdin=subprocess.DEVNULL,
+            cwd=self.folder / site,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        errors.close()
+        self.processes[site] = process
+        return process
+
+    def _read_events(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                self.events.put(event)
+        self.events.put(None)
+
+    def _stop_all(self, interrupted: bool = False) -> None:
+        """Let processes end by themselves, then terminate, then kill: none is left behind.
+
+        On Ctrl-C every process is told to stop at once (SIGTERM: the server aborts its workflow,
+        a client abandons its task); otherwise clients get the time to hear END_RUN.
+        """
+        for site, process in self.processes.items():
+            if process.poll() is None and (interrupted or site == "server"):
+                process.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for process in self.processes.values():
+            try:
+                process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(5.0)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+
+    def _server_result(self) -> tuple[JobState | None, str]:
+        try:
+            record = json.loads((self.folder / "server" / RESULT_FILE).read_text(encoding="utf-8"))
+            return JobState(record["state"]), str(record.get("reason", ""))
+        except (OSError, ValueError, KeyError):
+            return None, ""
+
+    def _crashed(self, site: str) -> tuple[JobState, str]:
+        process = self.processes.get(site)
+        code = process.poll() if process is not None else None
+        return (
+            JobState.FINISHED_EXECUTION_EXCEPTION,
+            f"the {site} process exited (code {code}) without a result; see {self.folder / site / 'stderr.txt'}",
+        )
+
+    def _write_summary(self, state: JobState, reason: str) -> dict[str, Any]:
+        rounds: list[dict[str, Any]] = []
+        try:
+            record = json.loads((self.folder / "server" / RESULT_FILE).read_text(encoding="utf-8"))
+            rounds = record.get("rounds", [])
+        except (OSError, ValueError):
+            pass
+        processes = {}
+        for site, process in self.processes.items():
+            entry: dict[str, Any] = {"exit_code": process.returncode}
+            try:
+                figures = json.loads((self.folder / site / PROCESS_FILE).read_text(encoding="utf-8"))
+                entry["peak_rss_mb"] = round(figures["peak_rss_bytes"] / 2**20, 1)
+            except (OSError, ValueError, KeyError):
+                entry["peak_rss_mb"] = None
+            processes[site] = entry
+        summary = {
+            "job": self.job.name,
+            "job_id": self.job_id,
+            "workspace": str(self.folder),
+            "status": state.value,
+            "reason": reason,
+            "states": self.states,
+            "clients": self.clients,
+            "seconds": round(time.monotonic() - self.started, 2),
+            "rounds": rounds,
+            "processes": processes,
+        }
+        (self.folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+        return summary
+
+
+class _ServerFailed(Exception):
+    pass

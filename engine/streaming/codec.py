@@ -1,0 +1,74 @@
+"""`MessageCodec`: FOBS messages in cell frames, with their tensors moved by the downloader.
+
+One codec per cell. It owns the registry (the caller registers its own types first) and the
+streaming context, so every message this cell sends has its tensors offered for download, and
+every message it receives pulls them, with the job's chunk sizes and timeouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from engine.errors import SerializationError
+from engine.fobs import DecodeContext, EncodeContext, Registry, deserialize, serialize
+from engine.streaming.service import ConsumerFactory
+from engine.streaming.via_downloader import (
+    RECEIVERS_PROP,
+    STREAMING_PROP,
+    StreamingContext,
+    TensorViaDownloaderDecomposer,
+    install_via_downloader,
+)
+
+
+class MessageCodec:
+    """Encodes objects into cell frames and back, streaming their tensors.
+
+    Args:
+        registry: The FOBS registry (application and model types already registered); the
+            via-downloader decomposers are installed into it unless they already are.
+        context: This side's cell, download service and streaming settings.
+
+    Example:
+        >>> codec = MessageCodec(registry, StreamingContext(cell, DownloadService(cell)))
+        >>> frames = codec.encode(model, receivers=["site-1"])   # tensors offered to site-1
+        >>> model = peer_codec.decode(frames)                    # on site-1: tensors pulled
+    """
+
+    def __init__(self, registry: Registry, context: StreamingContext) -> None:
+        if not isinstance(registry.for_type(torch.Tensor), TensorViaDownloaderDecomposer):
+            install_via_downloader(registry)
+        self._registry = registry
+        self.context = context
+
+    def encode(self, obj: Any, receivers: Sequence[str] | None = None) -> list[Any]:
+        """Serialize ``obj`` into frames: the FOBS header first, then its datums.
+
+        Args:
+            obj: What to send.
+            receivers: The cells that will decode it (its download is released once all are
+                done); None: anyone, released on timeout or when the service closes.
+        """
+        props: dict[str, Any] = {STREAMING_PROP: self.context}
+        if receivers is not None:
+            props[RECEIVERS_PROP] = list(receivers)
+        header, frames = serialize(obj, EncodeContext(props=props), self._registry)
+        return [header, *frames]
+
+    def decode(self, frames: Sequence[Any], consumer_factory: ConsumerFactory | None = None) -> Any:
+        """Rebuild an object from received frames, pulling its streamed tensors first.
+
+        Args:
+            frames: The frames of a message made by `encode`.
+            consumer_factory: Where this message's tensors land; the context's by default.
+        """
+        if not frames:
+            raise SerializationError("an empty message: expected a FOBS header frame")
+        context = self.context
+        if consumer_factory is not None:
+            context = replace(context, consumer_factory=consumer_factory)
+        return deserialize(frames[0], frames[1:], DecodeContext(props={STREAMING_PROP: context}), self._registry)

@@ -1,0 +1,161 @@
+"""`FedAvg`: federated averaging with InTime aggregation, in the style of a model controller."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any
+
+import torch
+
+from engine.aggregators import ModelAggregator, WeightedModelAggregator, check_params_match
+from engine.model import FLModel, ParamsType
+from engine.workflows.model_controller import ModelController
+
+log = logging.getLogger(__name__)
+
+
+class FedAvg(ModelController):
+    """Each round: send the global model to the clients, fold every result into a weighted sum as it
+    arrives (then drop it), replace the global model by the weighted mean, save it.
+
+    Args:
+        num_clients: Clients sampled per round (all clients when the job has fewer).
+        num_rounds: Rounds to run.
+        start_round: The first round's number (to continue an earlier run).
+        persistor_id: Id of the `ModelPersistor` component.
+        aggregation_weights: Site -> weight, multiplied with each result's
+            ``NUM_STEPS_CURRENT_ROUND`` meta (default 1.0 per site).
+        aggregator_id: Id of a custom `ModelAggregator` component; a weighted mean by default.
+        min_clients: Usable results a round needs; ``num_clients`` by default. With fewer the
+            job ends with FINISHED_EXECUTION_EXCEPTION and the reasons.
+        wait_time_after_min_received: Seconds to wait for more results once ``min_clients``
+            results are in.
+        train_timeout: Seconds a round's training may take (0 = no limit).
+        download_to_disk: Received tensors go to disk first and are aggregated one at a time
+            (see the README; takes effect with the disk download feature).
+    """
+
+    def __init__(
+        self,
+        num_clients: int = 2,
+        num_rounds: int = 5,
+        start_round: int = 0,
+        persistor_id: str = "persistor",
+        aggregation_weights: dict[str, float] | None = None,
+        aggregator_id: str | None = None,
+        min_clients: int | None = None,
+        wait_time_after_min_received: float = 0.0,
+        train_timeout: float = 0.0,
+        download_to_disk: bool = False,
+    ) -> None:
+        super().__init__(persistor_id)
+        _check_positive("num_clients", num_clients)
+        _check_positive("num_rounds", num_rounds)
+        if start_round < 0:
+            raise ValueError(f"start_round: expected >= 0, got {start_round}")
+        if min_clients is not None and not 1 <= min_clients <= num_clients:
+            raise ValueError(f"min_clients: expected 1..num_clients ({num_clients}), got {min_clients}")
+        self.num_clients = num_clients
+        self.num_rounds = num_rounds
+        self.start_round = start_round
+        self.aggregation_weights = dict(aggregation_weights or {})
+        self.aggregator_id = aggregator_id
+        self.min_clients = min_clients
+        self.wait_time_after_min_received = wait_time_after_min_received
+        self.train_timeout = train_timeout
+        self.download_to_disk = download_to_disk
+
+    def run(self) -> None:
+        aggregator = self._aggregator()
+        model = self.load_model()
+        model.total_rounds = self.num_rounds
+        last_round = self.start_round + self.num_rounds
+        for current_round in range(self.start_round, last_round):
+            if self.abort_signal.is_set():
+                return
+            started = time.monotonic()
+            clients = self.sample_clients(self.num_clients)
+            needed = min(self.min_clients or len(clients), len(clients))
+            self.context.report("round_started", round=current_round, total_rounds=self.num_rounds, clients=clients)
+            aggregator.reset_stats()
+            accepted: list[str] = []
+
+            accept = functools.partial(self._accept, aggregator, model.params or {}, accepted)
+
+            self.send_model_and_wait(
+                targets=clients,
+                data=FLModel(
+                    params=model.params,
+                    params_type=ParamsType.FULL,
+                    current_round=current_round,
+                    total_rounds=self.num_rounds,
+                    start_round=self.start_round,
+                ),
+                timeout=self.train_timeout,
+                min_responses=needed,
+                wait_time_after_min_received=self.wait_time_after_min_received,
+                callback=accept,
+            )
+            if self.abort_signal.is_set():
+                return
+            if len(accepted) < needed:
+                reasons = "; ".join(f"{client}: {why}" for client, why in sorted(self.failures.items()))
+                raise RuntimeError(
+                    f"round {current_round + 1}: {len(accepted)} usable result(s), "
+                    f"{needed} needed (min_clients); {reasons or 'no reason reported'}"
+                )
+            update = aggregator.aggregate_model()
+            model = _apply(model, update, current_round)
+            self.save_model(model)
+            self.context.report(
+                "round_done",
+                round=current_round,
+                total_rounds=self.num_rounds,
+                time_s=round(time.monotonic() - started, 3),
+                metrics=dict(update.metrics or {}),
+                clients=sorted(accepted),
+                failed=dict(self.failures),
+            )
+
+    @staticmethod
+    def _accept(
+        aggregator: ModelAggregator, reference: dict[str, Any], accepted: list[str], result: FLModel, client: str
+    ) -> None:
+        """Check one result against the global model and fold it into the round's sum."""
+        params = result.params or {}
+        if result.params_type is ParamsType.DIFF:  # a difference may leave names out
+            reference = {name: value for name, value in reference.items() if name in params}
+        check_params_match(reference, params, client)
+        aggregator.accept_model(result, client)
+        accepted.append(client)
+
+    def _aggregator(self) -> ModelAggregator:
+        if self.aggregator_id is None:
+            return WeightedModelAggregator(aggregation_weights=self.aggregation_weights)
+        return self.context.get_component(self.aggregator_id, ModelAggregator, key="aggregator_id")
+
+
+def _apply(model: FLModel, update: FLModel, current_round: int) -> FLModel:
+    """The new global model: the mean itself (FULL), or the old one plus the mean (DIFF)."""
+    params = dict(update.params or {})
+    if update.params_type is ParamsType.DIFF:
+        params = {
+            name: model.params[name] + torch.as_tensor(delta).to(model.params[name].dtype)
+            for name, delta in params.items()
+        }
+    params = {**(model.params or {}), **params}
+    return FLModel(
+        params=params,
+        params_type=ParamsType.FULL,
+        metrics=update.metrics,
+        meta=dict(model.meta),
+        current_round=current_round,
+        total_rounds=model.total_rounds,
+    )
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")

@@ -1,0 +1,148 @@
+"""`ModelController`: a Controller that speaks `FLModel` (load, send and wait, save, sample)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from abc import abstractmethod
+from collections.abc import Callable
+
+from engine.controller import ClientTask, Controller, Task, TaskCompletionStatus
+from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shareable_from_model
+from engine.persistors import ModelPersistor
+
+log = logging.getLogger(__name__)
+
+#: Called with each client's result model as it arrives: ``callback(model, client)``.
+ResultCallback = Callable[[FLModel, str], None]
+#: Header of a failed result that says why (set by executors).
+REASON_HEADER = "reason"
+
+
+class ModelController(Controller):
+    """Base of model-based workflows such as `FedAvg`: they implement `run`.
+
+    Args:
+        persistor_id: Id of the `ModelPersistor` component that loads and saves the model.
+    """
+
+    def __init__(self, persistor_id: str = "persistor") -> None:
+        super().__init__()
+        self.persistor_id = persistor_id
+        self.failures: dict[str, str] = {}
+
+    @abstractmethod
+    def run(self) -> None:
+        """The workflow."""
+
+    @property
+    def persistor(self) -> ModelPersistor:
+        return self.context.get_component(self.persistor_id, ModelPersistor, key="persistor_id")
+
+    def load_model(self) -> FLModel:
+        """The initial model, from the persistor."""
+        return self.persistor.load_model()
+
+    def save_model(self, model: FLModel) -> None:
+        """Checkpoint ``model`` through the persistor."""
+        self.persistor.save_model(model)
+
+    def sample_clients(self, num_clients: int | None = None) -> list[str]:
+        """``num_clients`` clients of the job chosen at random (all of them, in order, by default)."""
+        clients = self.get_clients()
+        if num_clients is None or num_clients >= len(clients):
+            if num_clients is not None and num_clients > len(clients):
+                log.warning("num_clients=%d but only %d clients run the job; using all", num_clients, len(clients))
+            return list(clients)
+        return sorted(random.sample(clients, num_clients))
+
+    def send_model_and_wait(
+        self,
+        targets: list[str] | None = None,
+        data: FLModel | None = None,
+        task_name: str = "train",
+        timeout: float = 0.0,
+        wait_time_after_min_received: float = 0.0,
+        min_responses: int | None = None,
+        callback: ResultCallback | None = None,
+    ) -> list[FLModel]:
+        """Send ``data`` to ``targets`` as task ``task_name`` and wait for their results.
+
+        Args:
+            targets: Client names (all clients when None).
+            data: The model to send.
+            task_name: The task's name (executors are chosen by it).
+            timeout: Seconds the task may take in all (0 = no limit).
+            wait_time_after_min_received: Seconds to wait for more results once
+                ``min_responses`` are in.
+            min_responses: Results needed; all targets when None.
+            callback: Called with each successful result as it arrives; when given, the results
+                are not kept (InTime processing) and the returned list is empty.
+
+        Returns:
+            The successful results (``meta["client_name"]`` says whose), unless a callback took them.
+            Failed results are recorded in `failures` (client -> reason).
+        """
+        targets = list(targets) if targets is not None else self.get_clients()
+        model = data or FLModel()
+        shareable = shareable_from_model(model)
+        shareable.set_header(ReservedHeaderKey.TASK_NAME, task_name)
+        if model.current_round is not None:
+            shareable.set_header(ReservedHeaderKey.CURRENT_ROUND, model.current_round)
+        if model.total_rounds is not None:
+            shareable.set_header(ReservedHeaderKey.TOTAL_ROUNDS, model.total_rounds)
+        results: list[FLModel] = []
+        self.failures = {}
+
+        def on_result(client_task: ClientTask) -> None:
+            result = client_task.result
+            client_task.result = None  # InTime: the task keeps no client's tensors
+            model_or_reason = self._result_model(result, client_task.client, model.current_round)
+            if isinstance(model_or_reason, str):
+                self.failures[client_task.client] = model_or_reason
+                log.warning("result refused client=%s: %s", client_task.client, model_or_reason)
+                return
+            if callback is not None:
+                try:
+                    callback(model_or_reason, client_task.client)
+                except Exception as e:
+                    self.failures[client_task.client] = f"{type(e).__name__}: {e}"
+                    log.warning("result refused client=%s: %s", client_task.client, e)
+            else:
+                results.append(model_or_reason)
+
+        task = Task(task_name, shareable, timeout=timeout, result_received_cb=on_result)
+        self.broadcast_and_wait(
+            task,
+            targets=targets,
+            min_responses=len(targets) if min_responses is None else min_responses,
+            wait_time_after_min_received=wait_time_after_min_received,
+            abort_signal=self.abort_signal,
+        )
+        for client_task in task.client_tasks:
+            status = client_task.status
+            if client_task.client not in self.failures and status not in (None, TaskCompletionStatus.OK):
+                self.failures[client_task.client] = status.value
+        answered = {ct.client for ct in task.client_tasks}
+        for client in targets:
+            if client not in answered and client not in self.failures:
+                self.failures[client] = "no result"
+        return results
+
+    @staticmethod
+    def _result_model(result: Shareable | None, client: str, current_round: int | None) -> FLModel | str:
+        """The result's model, or why it cannot be used."""
+        if result is None:
+            return "no result"
+        code = result.get_return_code()
+        if code is not ReturnCode.OK:
+            return f"{code.value}: {result.get_header(REASON_HEADER, 'no reason given')}"
+        result_round = result.get_header(ReservedHeaderKey.CURRENT_ROUND)
+        if current_round is not None and result_round is not None and result_round != current_round:
+            return f"result of round {result_round} arrived in round {current_round}"
+        try:
+            model = model_from_shareable(result)
+        except ValueError as e:
+            return str(e)
+        model.meta["client_name"] = client
+        return model
