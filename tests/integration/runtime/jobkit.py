@@ -54,7 +54,7 @@ def make_bench_job(
         f"tensor_download_chunk_size = {chunk_bytes}\n"
         f"np_download_chunk_size = {chunk_bytes}\n"
         f"{FAST_CELL}"
-        f"executors = [{{ tasks = [\"*\"], executor {{ path = engine.executors.ClientAPIExecutor, args {{\n"
+        f'executors = [{{ tasks = ["*"], executor {{ path = engine.executors.ClientAPIExecutor, args {{\n'
         f"  task_script_path = bench_client.py, task_script_args = {json.dumps(script_args)},\n"
         f"  execution_mode = {execution_mode} }} }} }}]\n"
         f"{client_extra}"

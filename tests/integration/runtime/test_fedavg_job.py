@@ -48,7 +48,9 @@ def test_fedavg_jobs_train_the_digits_model_to_90_percent(simulate, tmp_path: Pa
 def test_fedavg_on_benchnet_ends_at_the_analytic_model(
     simulate, tmp_path: Path, execution_mode: str, chunk_bytes: int
 ) -> None:
-    job = make_bench_job(tmp_path, num_rounds=2, layers=2, width=64, execution_mode=execution_mode, chunk_bytes=chunk_bytes)
+    job = make_bench_job(
+        tmp_path, num_rounds=2, layers=2, width=64, execution_mode=execution_mode, chunk_bytes=chunk_bytes
+    )
     with job_code_on_path(job / "app" / "custom"):
         from benchnet_model import BenchNet
 
