@@ -177,15 +177,25 @@ class SubprocessBackend(Backend):
 
 _lock = threading.Lock()
 _installed: Backend | None = None
+_per_thread = threading.local()
 
 
-def install_backend(backend: Backend | None) -> None:
-    """Make ``backend`` serve this process's Client API calls (None removes it)."""
+def install_backend(backend: Backend | None, this_thread_only: bool = False) -> None:
+    """Make ``backend`` serve the Client API calls of this process (None removes it).
+
+    Args:
+        backend: The backend, or None.
+        this_thread_only: Serve only the calling thread (a script run in a thread, so that two
+            in-process executors of one client each talk to their own script).
+    """
     global _installed
+    if this_thread_only:
+        _per_thread.backend = backend
+        return
     with _lock:
         _installed = backend
 
 
 def installed_backend() -> Backend | None:
-    """The backend serving this process's Client API calls, if any."""
-    return _installed
+    """The backend serving the calling thread's Client API calls, if any."""
+    return getattr(_per_thread, "backend", None) or _installed

@@ -7,11 +7,14 @@ subprocess one (a cell handler takes tasks and puts results on the script's beha
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
 from engine.errors import FlengineError
 from engine.model import FLModel
+
+log = logging.getLogger(__name__)
 
 
 class ClientAPIError(FlengineError):
@@ -37,6 +40,7 @@ class TaskExchange:
         self._current: TaskItem | None = None
         self._result: FLModel | None = None
         self._ended = False
+        self._abandoned = False
 
     @property
     def ended(self) -> bool:
@@ -68,6 +72,7 @@ class TaskExchange:
     def abandon(self) -> None:
         """Forget the offered task and any result (the task was aborted or timed out)."""
         with self._lock:
+            self._abandoned = self._current is not None
             self._task = self._current = self._result = None
 
     def end(self) -> None:
@@ -85,12 +90,16 @@ class TaskExchange:
             self._lock.wait_for(lambda: self._task is not None or self._ended, timeout_s)
             task, self._task = self._task, None
             if task is not None:
-                self._current = task
+                self._current, self._abandoned = task, False
             return task
 
     def put_result(self, model: FLModel) -> None:
-        """Answer the task taken last."""
+        """Answer the task taken last (the answer to an abandoned task is dropped)."""
         with self._lock:
+            if self._current is None and self._abandoned:
+                self._abandoned = False
+                log.warning("a result came for a task that was abandoned (timed out or aborted); dropped")
+                return
             if self._current is None:
                 raise ClientAPIError("send() without a task: call receive() first and send one result per task")
             self._current, self._result = None, model

@@ -199,11 +199,14 @@ class _ThreadRunner(_ScriptRunner):
                 key, value, task.task_name if task else None, task.model.current_round if task else None
             ),
         )
-        install_backend(backend)
+        self._backend = backend
         self._thread = threading.Thread(target=self._run, name=f"script-{self.script.name}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        install_backend(self._backend, this_thread_only=True)
+        # sys.argv is process-wide: two in_process scripts of one client may read each other's
+        # arguments at start-up; give such a job subprocess mode.
         sys.argv = [str(self.script), *self.args]
         try:
             runpy.run_path(str(self.script), run_name="__main__")
@@ -224,7 +227,6 @@ class _ThreadRunner(_ScriptRunner):
         self._thread.join(grace_s)
         if self._thread.is_alive():
             log.warning("training script still running after the job ended script=%s", self.script)
-        install_backend(None)
 
 
 class _ProcessRunner(_ScriptRunner):
