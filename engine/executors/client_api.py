@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Literal
 
@@ -160,7 +161,7 @@ def _failed(code: ReturnCode, reason: str) -> Shareable:
     return reply
 
 
-class _ScriptRunner:
+class _ScriptRunner(ABC):
     """Runs the script and says whether it is still able to answer tasks."""
 
     def __init__(self, script: Path, args: list[str], exchange: TaskExchange, context: ExecutorContext) -> None:
@@ -170,14 +171,17 @@ class _ScriptRunner:
         self.context = context
         self.metrics_file = context.workspace / "metrics.jsonl"
 
+    @abstractmethod
     def start(self) -> None:
-        raise NotImplementedError
+        """Start the script."""
 
+    @abstractmethod
     def failure(self) -> str | None:
-        raise NotImplementedError
+        """Why the script can no longer answer tasks, or None while it can."""
 
+    @abstractmethod
     def stop(self, grace_s: float) -> None:
-        raise NotImplementedError
+        """Let the script end within ``grace_s`` seconds, then make it."""
 
     def record_metric(self, key: str, value: Any, task_name: str | None, current_round: Any) -> None:
         line = {"site": self.context.site_name, "task": task_name, "round": current_round, "key": key, "value": value}
