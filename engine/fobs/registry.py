@@ -27,6 +27,16 @@ class Registry:
         self._datum_handlers: dict[int, DatumHandler] = {}
         self._names: dict[int, str] = {}  # id(decomposer) -> wire name, computed once
 
+    def copy(self) -> Registry:
+        """A new registry with the same decomposers and datum handlers, changed independently."""
+        twin = Registry()
+        twin._by_type = dict(self._by_type)
+        twin._by_name = dict(self._by_name)
+        twin._subclass_decomposers = list(self._subclass_decomposers)
+        twin._datum_handlers = dict(self._datum_handlers)
+        twin._names = dict(self._names)
+        return twin
+
     def register(self, decomposer: Decomposer[Any]) -> None:
         """Add ``decomposer``.
 

@@ -30,7 +30,8 @@ class MessageCodec:
 
     Args:
         registry: The FOBS registry (application and model types already registered); the
-            via-downloader decomposers are installed into it unless they already are.
+            codec works on a copy with the via-downloader decomposers installed, so the
+            caller's registry is left as it is (register application types before).
         context: This side's cell, download service and streaming settings.
 
     Example:
@@ -40,6 +41,7 @@ class MessageCodec:
     """
 
     def __init__(self, registry: Registry, context: StreamingContext) -> None:
+        registry = registry.copy()
         if not isinstance(registry.for_type(torch.Tensor), TensorViaDownloaderDecomposer):
             install_via_downloader(registry)
         self._registry = registry

@@ -45,3 +45,13 @@ def test_replace_refuses_a_taken_wire_name() -> None:
 
     with pytest.raises(ValueError, match=r"wire name 'builtins.tuple' is already taken"):
         fobs.new_registry().replace(Impostor())
+
+
+def test_a_copy_changes_independently_of_its_original() -> None:
+    original = fobs.new_registry()
+    twin = original.copy()
+
+    twin.replace(ShoutingTensorDecomposer())
+
+    assert isinstance(twin.for_type(torch.Tensor), ShoutingTensorDecomposer)
+    assert not isinstance(original.for_type(torch.Tensor), ShoutingTensorDecomposer)
