@@ -28,7 +28,7 @@ from engine.controller.context import JobContext
 from engine.fobs import default_registry
 from engine.model import DXO, FLModel, ReservedHeaderKey, Shareable
 from engine.runtime import protocol
-from engine.runtime.assembly import FilterChains, FilterError, build_entries, streaming_settings
+from engine.runtime.assembly import FilterChains, build_entries, streaming_settings
 from engine.runtime.states import JobState
 from engine.streaming.codec import MessageCodec
 from engine.streaming.service import DownloadService
@@ -241,7 +241,7 @@ class ServerJob:
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
             result = self._result_filters.apply(task_name, result, site)
-        except (FilterError, Exception) as e:
+        except Exception as e:  # download failed, bad payload or a filter refused it: answered, never raised
             reason = f"result of {site} for task {task_name!r} refused: {e}"
             log.warning("%s", reason)
             self.queue.fail_client_task(site, task_id, reason)
@@ -279,7 +279,7 @@ def payload_bytes(value: Any) -> int:
         return payload_bytes(value.params)
     if isinstance(value, dict):
         return sum(payload_bytes(item) for item in value.values())
-    if hasattr(value, "data") and isinstance(value.data, dict):  # a DXO
+    if isinstance(value, DXO):
         return payload_bytes(value.data)
     return 0
 
