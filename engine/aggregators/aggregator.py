@@ -168,7 +168,7 @@ class WeightedModelAggregator(ModelAggregator):
         weight = self._weights.get(contributor, 1.0)
         if self._weigh_by_local_iter:
             weight *= local_steps(model.meta, contributor)
-        metrics = self._numeric_metrics(model, contributor)
+        metrics = numeric_metrics(model.metrics, contributor)
         params_type = ParamsType(model.params_type)
         contribution_round = model.current_round if model.current_round is not None else -1
         with self._lock:
@@ -182,15 +182,6 @@ class WeightedModelAggregator(ModelAggregator):
             if metrics:
                 self._metrics.add(metrics, weight, contributor, contribution_round)
         release_values(model.params)
-
-    @staticmethod
-    def _numeric_metrics(model: FLModel, contributor: str) -> dict[str, Any]:
-        metrics = model.metrics or {}
-        numeric = {k: v for k, v in metrics.items() if isinstance(v, numbers.Real) and not isinstance(v, bool)}
-        if len(numeric) < len(metrics):
-            skipped = sorted(set(metrics) - set(numeric))
-            logger.warning("non-numeric metrics not aggregated: contributor=%s names=%s", contributor, skipped)
-        return numeric
 
     def aggregate_model(self) -> FLModel:
         """Return the weighted mean as an `FLModel` and forget the accepted models.
@@ -223,3 +214,14 @@ class WeightedModelAggregator(ModelAggregator):
 
 def _type_name(params_type: ParamsType | None) -> str:
     return params_type.value if params_type is not None else "None"
+
+
+def numeric_metrics(metrics: Any, contributor: str) -> dict[str, Any]:
+    """The numeric entries of a result's metrics (the ones a weighted mean applies to); others logged."""
+    if not isinstance(metrics, dict):
+        return {}
+    numeric = {k: v for k, v in metrics.items() if isinstance(v, numbers.Real) and not isinstance(v, bool)}
+    if len(numeric) < len(metrics):
+        skipped = sorted(set(metrics) - set(numeric))
+        logger.warning("non-numeric metrics not aggregated: contributor=%s names=%s", contributor, skipped)
+    return numeric

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
-from engine.aggregators.aggregator import Aggregator, check_aggregation_weights, local_steps
+from engine.aggregators.aggregator import Aggregator, check_aggregation_weights, local_steps, numeric_metrics
 from engine.aggregators.weighted import WeightedAggregationHelper, release_values
 from engine.model import DXO, DataKind, ReservedHeaderKey, ReturnCode, Shareable
 
@@ -22,7 +23,9 @@ class DXOAggregator(Aggregator):
     ``current_round`` header names another round, its contributor was already accepted, or its
     data does not fit the sum. A result's weight is its DXO's ``NUM_STEPS_CURRENT_ROUND`` meta
     (1.0 with a warning when absent; 1.0 always when ``weigh_by_local_iter`` is False) times
-    ``aggregation_weights.get(contributor, 1.0)``.
+    ``aggregation_weights.get(contributor, 1.0)``. The numeric entries of a DXO's ``metrics``
+    meta (where the Client API puts the training script's metrics) are averaged with the same
+    weights into the aggregate's ``metrics`` meta.
 
     Once a result has been added, ``release()`` is called on each of its data values that has one
     (lazy references to tensors on disk implement it to drop their temp file; plain tensors have
@@ -59,6 +62,7 @@ class DXOAggregator(Aggregator):
         self._weights = check_aggregation_weights(aggregation_weights)
         self._weigh_by_local_iter = weigh_by_local_iter
         self._helper = WeightedAggregationHelper(exclude_vars=exclude_vars)
+        self._metrics = WeightedAggregationHelper()
         self._contributors: set[str] = set()
         self._lock = threading.Lock()
 
@@ -76,11 +80,14 @@ class DXOAggregator(Aggregator):
             weight = self._weights.get(contributor, 1.0)
             if self._weigh_by_local_iter:
                 weight *= local_steps(dxo.meta, contributor)
+            metrics = numeric_metrics(dxo.meta.get("metrics"), contributor)
             with self._lock:
                 if contributor in self._contributors:
                     _refuse(contributor, current_round, "a result of this contributor was already accepted")
                     return False
                 self._helper.add(dxo.data, weight, contributor, current_round)
+                if metrics:
+                    self._metrics.add(metrics, weight, contributor, current_round)
                 self._contributors.add(contributor)
         except (TypeError, ValueError) as e:
             _refuse(contributor, current_round, str(e))
@@ -109,7 +116,8 @@ class DXOAggregator(Aggregator):
     def aggregate(self, current_round: int) -> Shareable:
         """Return the weighted mean as a DXO of ``expected_data_kind`` in a Shareable, then reset.
 
-        The DXO's meta is ``{"nr_aggregated": n, "current_round": current_round}``.
+        The DXO's meta is ``{"nr_aggregated": n, "current_round": current_round}``, plus
+        ``metrics`` (their weighted mean) when accepted results reported numeric metrics.
 
         Raises:
             RuntimeError: No result was accepted.
@@ -117,14 +125,20 @@ class DXOAggregator(Aggregator):
         with self._lock:
             count = self._helper.get_len()
             data = self._helper.get_result()
+            metrics = self._metrics.get_result() if self._metrics.get_len() else None
+            self._metrics.reset_stats()
             self._contributors.clear()
         logger.info("results aggregated: round=%d nr_aggregated=%d kind=%s", current_round, count, self._kind.value)
-        return DXO(self._kind, data, {"nr_aggregated": count, "current_round": current_round}).to_shareable()
+        meta: dict[str, Any] = {"nr_aggregated": count, "current_round": current_round}
+        if metrics:
+            meta["metrics"] = metrics
+        return DXO(self._kind, data, meta).to_shareable()
 
     def reset(self) -> None:
         """Forget every accepted result."""
         with self._lock:
             self._helper.reset_stats()
+            self._metrics.reset_stats()
             self._contributors.clear()
 
 

@@ -80,6 +80,7 @@ class ClientJob:
         result_filters = FilterChains.build(document, "task_result_filters")
         cell_settings = CellSettings.from_config(config.get("cell", {}))
         self.cell = Cell(self.site, cell_settings, connect_to=self.endpoint).start()
+        self.cell.wait_connected(cell_settings.heartbeat_timeout_s)  # else the pull loop retries
         service = DownloadService(self.cell)
         self.codec = MessageCodec(default_registry(), StreamingContext.from_config(self.cell, service, self.settings))
         context = ExecutorContext(self.site, self.job_id, self.workspace, self.app.custom_dir, dict(self.settings))

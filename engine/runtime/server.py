@@ -190,7 +190,10 @@ class ServerJob:
     def _on_get_task(self, message: Message) -> Reply:
         site = message.source
         with self._lock:
+            joined = site not in self._seen
             self._seen.add(site)
+        if joined:
+            log.info("client asked for work site=%s", site)
         if self.queue.ended:
             with self._lock:
                 self._told_end.add(site)

@@ -122,7 +122,8 @@ class ModelController(Controller):
         for client_task in task.client_tasks:
             status = client_task.status
             if client_task.client not in self.failures and status not in (None, TaskCompletionStatus.OK):
-                self.failures[client_task.client] = status.value
+                reason = client_task.reason
+                self.failures[client_task.client] = f"{status.value}: {reason}" if reason else status.value
         answered = {ct.client for ct in task.client_tasks}
         for client in targets:
             if client not in answered and client not in self.failures:

@@ -84,7 +84,7 @@ def test_a_task_timeout_ends_the_round_and_the_late_result_is_ignored(simulate, 
     assert result.state is JobState.FINISHED_COMPLETED, output
     summary = read_json(tmp_path / "workspace" / "summary.json")
     assert summary["rounds"][0]["clients"] == ["site-1"]
-    assert summary["rounds"][0]["failed"]["site-2"] == "TIMEOUT"
+    assert summary["rounds"][0]["failed"]["site-2"].startswith("TIMEOUT")
     assert summary["rounds"][1]["clients"] == ["site-1", "site-2"]
     server_log = (tmp_path / "workspace" / "server" / "log.txt").read_text()
     assert "late result" in server_log

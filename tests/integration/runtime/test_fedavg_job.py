@@ -25,6 +25,7 @@ def test_fedavg_jobs_train_the_digits_model_to_90_percent(simulate, tmp_path: Pa
     summary = read_json(tmp_path / "workspace" / "summary.json")
     assert [s["state"] for s in summary["states"]] == ["SUBMITTED", "RUNNING", "FINISHED_COMPLETED"]
     assert [r["round"] for r in summary["rounds"]] == [0, 1, 2]
+    assert all(set(r["metrics"]) == {"global_accuracy", "local_accuracy"} for r in summary["rounds"])
     assert set(summary["processes"]) == {"server", "site-1", "site-2"}
     assert all(p["peak_rss_mb"] > 50 and p["exit_code"] == 0 for p in summary["processes"].values())
     assert "[round 3/3] done" in output and "FINISHED_COMPLETED" in output
@@ -72,3 +73,30 @@ def test_fedavg_on_benchnet_ends_at_the_analytic_model(
     else:  # 0: tensors went inline, nothing was streamed
         assert processes["server"]["chunks_served"] == 0
         assert processes["site-1"]["chunks_served"] == 0
+
+
+@pytest.mark.parametrize(
+    ("side", "reason"),
+    [("client", "task data could not be received"), ("server", "result of site-1 for task 'train' refused")],
+)
+def test_the_per_request_timeout_of_the_config_bounds_each_chunk_request(
+    simulate, tmp_path: Path, side: str, reason: str
+) -> None:
+    """A 64 MiB model in one chunk cannot arrive within 2 ms: the side whose config says so fails it."""
+    timeout = "streaming_per_request_timeout = 0.002\n"
+    job = make_bench_job(
+        tmp_path,
+        num_rounds=1,
+        layers=1,
+        width=4096,
+        chunk_bytes=128 << 20,
+        client_extra=timeout if side == "client" else "",
+        # the server sends inline, so only its pulls of the results are timed
+        server_extra=timeout + "tensor_download_chunk_size = 0\n" if side == "server" else "",
+    )
+
+    result, output = simulate(job)
+
+    assert result.state is JobState.FINISHED_EXECUTION_EXCEPTION, output
+    summary = read_json(tmp_path / "workspace" / "summary.json")
+    assert reason in summary["reason"] and "no reply within 0.002 s" in summary["reason"], summary["reason"]

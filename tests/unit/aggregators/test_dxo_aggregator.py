@@ -19,8 +19,11 @@ def result(
     steps: int | None = 1,
     kind: DataKind = DataKind.WEIGHT_DIFF,
     round_header: int | None = 0,
+    metrics: dict | None = None,
 ) -> Shareable:
     meta = {} if steps is None else {MetaKey.NUM_STEPS_CURRENT_ROUND: steps}
+    if metrics is not None:
+        meta["metrics"] = metrics
     shareable = DXO(kind, {"w": torch.full((2,), value)}, meta).to_shareable()
     if round_header is not None:
         shareable.set_header(ReservedHeaderKey.CURRENT_ROUND, round_header)
@@ -132,6 +135,22 @@ def test_metrics_are_aggregated_when_expected() -> None:
 
     assert dxo.data_kind is DataKind.METRICS
     assert dxo.data["accuracy"] == pytest.approx(0.8)
+
+
+def test_the_metrics_meta_of_weight_results_is_averaged_with_the_same_weights(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    aggregator = DXOAggregator()
+    aggregator.accept(result(1.0, steps=1, metrics={"accuracy": 0.5, "note": "text"}), "site-1", 0)
+    aggregator.accept(result(3.0, steps=3, metrics={"accuracy": 0.9}), "site-2", 0)
+    aggregator.accept(result(5.0, steps=1), "site-3", 0)  # reports no metrics: weighs nothing in them
+
+    dxo = DXO.from_shareable(aggregator.aggregate(0))
+
+    assert dxo.meta["metrics"] == {"accuracy": pytest.approx(0.8)}
+    assert "non-numeric metrics not aggregated: contributor=site-1 names=['note']" in caplog.text
+    aggregator.accept(result(1.0, round_header=1), "site-1", 1)
+    assert "metrics" not in DXO.from_shareable(aggregator.aggregate(1)).meta
 
 
 def test_exclude_vars_leaves_names_out() -> None:

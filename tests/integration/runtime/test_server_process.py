@@ -1,0 +1,201 @@
+"""The server job as its own process, driven from outside: a result submitted twice counts once,
+and a client keeps going when the server restarts on the same endpoint."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.cells import Cell, CellSettings, Message
+from engine.config import job_code_on_path
+from engine.fobs import default_registry
+from engine.model import FLModel, Shareable
+from engine.model.convert import model_from_shareable, shareable_from_model
+from engine.runtime import protocol
+from engine.streaming.codec import MessageCodec
+from engine.streaming.service import DownloadService
+from engine.streaming.via_downloader import StreamingContext
+from tests.integration.runtime.conftest import processes_mentioning, read_json
+from tests.integration.runtime.jobkit import make_bench_job
+
+STARTUP_S = 60.0
+
+
+def start_process(role: str, job: Path, workspace: Path, *extra: str) -> subprocess.Popen[str]:
+    """One process of the job, as the simulator starts it."""
+    command = [sys.executable, "-m", "engine.runtime.entry", role, "--job", str(job), "--workspace", str(workspace)]
+    return subprocess.Popen([*command, *extra], stdout=subprocess.PIPE, text=True)
+
+
+def wait_endpoint(server: subprocess.Popen[str]) -> str:
+    """The endpoint from the server's ``listening`` event."""
+    deadline = time.monotonic() + STARTUP_S
+    assert server.stdout is not None
+    for line in server.stdout:
+        event = json.loads(line)
+        if event["event"] == "listening":
+            return str(event["endpoint"])
+        assert time.monotonic() < deadline, "the server never reported its endpoint"
+    raise AssertionError(f"the server exited with {server.wait()} before it listened")
+
+
+def finish(process: subprocess.Popen[str], timeout_s: float = 60.0) -> int:
+    """Wait for ``process`` (its stdout drained); kill it if it overstays."""
+    try:
+        process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    return process.returncode
+
+
+@pytest.fixture
+def no_leftovers(tmp_path: Path) -> Iterator[None]:
+    yield
+    leftovers = processes_mentioning(str(tmp_path))
+    for line in leftovers:
+        subprocess.run(["kill", "-9", line.split(":", 1)[0]], check=False)
+    assert leftovers == []
+
+
+class HandDrivenClient:
+    """A client that speaks the task protocol itself over a real cell, so a test can misbehave."""
+
+    def __init__(self, site: str, endpoint: str) -> None:
+        self.cell = Cell(site, CellSettings(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), connect_to=endpoint)
+        self.cell.start()
+        assert self.cell.wait_connected(STARTUP_S), f"{site} never connected to {endpoint}"
+        self.service = DownloadService(self.cell)
+        self.codec = MessageCodec(default_registry(), StreamingContext(self.cell, self.service))
+
+    def ask(self) -> Message:
+        """Ask the server for work once."""
+        return self.cell.request("server", protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, timeout_s=10.0)
+
+    def next_task(self) -> tuple[dict[str, Any], Shareable | None]:
+        """Ask until the server hands out a task (header, data) or ends the run (header, None)."""
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline:
+            reply = self.ask()
+            if reply.header["state"] == protocol.STATE_TASK:
+                return reply.header, self.codec.decode(reply.frames)
+            if reply.header["state"] == protocol.STATE_END:
+                return reply.header, None
+            time.sleep(0.05)
+        raise AssertionError("no task within the start-up time")
+
+    def submit(self, header: dict[str, Any], result: Shareable) -> str:
+        frames = self.codec.encode(result, receivers=["server"])
+        task = {"task_id": header["task_id"], "task_name": header["task_name"]}
+        reply = self.cell.request("server", protocol.TASK_CHANNEL, protocol.TOPIC_SUBMIT, task, frames, timeout_s=30.0)
+        return str(reply.header["outcome"])
+
+    def close(self) -> None:
+        self.service.close()
+        self.cell.stop()
+
+
+def bench_result(data: Shareable, k: int) -> Shareable:
+    """What bench_client.py sends as site-k: every parameter + k * 0.001, weight k * 100."""
+    model = model_from_shareable(data)
+    params = {name: tensor + k * 0.001 for name, tensor in model.params.items()}
+    return shareable_from_model(FLModel(params=params, meta={"NUM_STEPS_CURRENT_ROUND": k * 100}))
+
+
+def test_a_result_submitted_twice_is_counted_once(tmp_path: Path, no_leftovers: None) -> None:
+    job = make_bench_job(tmp_path, num_rounds=1, layers=1, width=8)
+    workspace = tmp_path / "workspace"
+    server = start_process("server", job, workspace, "--clients", "site-1,site-2")
+    clients = []
+    try:
+        endpoint = wait_endpoint(server)
+        clients = [HandDrivenClient(site, endpoint) for site in ("site-1", "site-2")]
+        for client in clients:  # the first workflow starts once every client asked for work
+            assert client.ask().header["state"] == protocol.STATE_WAIT
+        tasks = [client.next_task() for client in clients]
+        initial = model_from_shareable(tasks[0][1]).params
+
+        second = bench_result(tasks[1][1], 2)
+        outcomes = [clients[1].submit(tasks[1][0], second), clients[1].submit(tasks[1][0], second)]
+        outcomes.append(clients[0].submit(tasks[0][0], bench_result(tasks[0][1], 1)))
+        ends = [client.next_task() for client in clients]
+    finally:
+        for client in clients:
+            client.close()
+        code = finish(server)
+
+    assert outcomes == ["ACCEPTED", "DUPLICATE", "ACCEPTED"]
+    assert [data for _, data in ends] == [None, None]
+    assert code == 0
+    final = load_file(workspace / "server" / "models" / "global.safetensors")
+    delta = (1 * 0.001 * 100 + 2 * 0.001 * 200) / (100 + 200)  # site-2 once, not twice
+    for name, tensor in initial.items():
+        assert torch.allclose(final[name].double(), tensor.double() + delta, rtol=0, atol=1e-6), name
+    assert read_json(workspace / "server" / "result.json")["state"] == "FINISHED_COMPLETED"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_client_carries_on_when_the_server_restarts(tmp_path: Path, no_leftovers: None) -> None:
+    port = free_port()
+    job = make_bench_job(
+        tmp_path,
+        num_rounds=2,
+        layers=1,
+        width=8,
+        server_extra=f"cell {{ port = {port} }}\n",
+    )
+    first_ws, second_ws = tmp_path / "first", tmp_path / "second"
+    clients = ["--clients", "site-1,site-2"]
+    crashed = start_process("server", job, first_ws, *clients)
+    site1 = None
+    try:
+        endpoint = wait_endpoint(crashed)
+        site1 = start_process("client", job, second_ws, "--site", "site-1", "--connect", endpoint)
+        # site-1 is asking for work (the server waits for site-2); then the server dies.
+        log = first_ws / "server" / "log.txt"
+        deadline = time.monotonic() + STARTUP_S
+        while "client asked for work site=site-1" not in _text(log) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        crashed.kill()
+        finish(crashed)
+        time.sleep(1.0)  # site-1 keeps asking a server that is not there
+
+        server = start_process("server", job, second_ws, *clients)
+        assert wait_endpoint(server) == endpoint
+        site2 = start_process("client", job, second_ws, "--site", "site-2", "--connect", endpoint)
+        codes = {"server": finish(server), "site-1": finish(site1), "site-2": finish(site2)}
+    finally:
+        for process in (crashed, site1):
+            if process is not None and process.poll() is None:
+                process.kill()
+                finish(process)
+
+    assert codes == {"server": 0, "site-1": 0, "site-2": 0}
+    assert read_json(second_ws / "server" / "result.json")["state"] == "FINISHED_COMPLETED"
+    assert read_json(second_ws / "site-1" / "process.json")["tasks_done"] == 2
+    assert "server not reachable, retrying" in _text(second_ws / "site-1" / "log.txt")
+    with job_code_on_path(job / "app" / "custom"):
+        from benchnet_model import BenchNet
+
+        names = set(BenchNet(layers=1, width=8).state_dict())
+    assert set(load_file(second_ws / "server" / "models" / "global.safetensors")) == names
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.exists() else ""
