@@ -74,6 +74,21 @@ def _kind_of(value: Any) -> str:
     raise TypeError(f"cannot aggregate a value of type {type(value).__name__}")
 
 
+def _check_lazy(value: Any, current: _Sum | None, contributor_name: str, name: str) -> None:
+    """Check a lazy value by its ``verify()`` and ``shape`` where it has them."""
+    verify = getattr(value, "verify", None)
+    with _naming(contributor_name, name):
+        shape = getattr(value, "shape", None)
+        if current is not None and current.shape is not None and shape is not None:
+            if tuple(shape) != current.shape:
+                raise ValueError(f"shape {tuple(shape)} differs from the first contribution's {current.shape}")
+        if callable(verify):
+            try:
+                verify()
+            except Exception as e:
+                raise ValueError(str(e)) from e
+
+
 @contextmanager
 def _naming(contributor_name: str, name: str) -> Iterator[None]:
     """Prefix a TypeError or ValueError raised inside with who sent which value."""
@@ -227,9 +242,12 @@ class WeightedAggregationHelper:
     def _check_known_values(self, data: Mapping[str, Any], names: list[str], contributor_name: str) -> None:
         for name in names:
             value = data[name]
-            if callable(getattr(value, "resolve", None)):
-                continue  # checked once resolved: resolving here would load it twice
             current = self._sums.get(name)
+            if callable(getattr(value, "resolve", None)):
+                # Resolving here would load it twice: check what it tells without loading, so a
+                # damaged or misfit contribution is refused before any of it enters the sum.
+                _check_lazy(value, current, contributor_name, name)
+                continue
             with _naming(contributor_name, name):
                 if current is None:
                     _kind_of(value)

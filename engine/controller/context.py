@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
 
 def _ignore(event: str, **fields: Any) -> None:
     """The default progress sink: drops every event."""
+
+
+class DiskDownloadArea(Protocol):
+    """Where received tensors go while a workflow downloads to disk."""
+
+    folder: Path | None
+    downloads: int  # streams downloaded to disk so far
+
+    def bytes_used(self) -> int:
+        """Bytes of downloaded files in the folder now."""
 
 
 @dataclass
@@ -26,6 +37,8 @@ class JobContext:
             ``round_started`` (round, total_rounds), ``round_done`` (round, time_s, metrics,
             clients), and ``workflow_note`` (message).
         settings: The server config's engine settings (streaming chunk sizes and timeouts).
+        disk_downloads: The runtime's switch for downloads to disk (see `downloads_to_disk`);
+            None where the runtime has none.
     """
 
     job_id: str = "job"
@@ -33,6 +46,23 @@ class JobContext:
     components: Mapping[str, Any] = field(default_factory=dict)
     report: Callable[..., None] = _ignore
     settings: Mapping[str, Any] = field(default_factory=dict)
+    disk_downloads: Callable[[Path | None], AbstractContextManager[DiskDownloadArea]] | None = None
+
+    def downloads_to_disk(self, folder: Path | None = None) -> AbstractContextManager[DiskDownloadArea]:
+        """A ``with`` block inside which the tensors of received results go to disk first.
+
+        Results then carry lazy refs (``resolve()`` reads one tensor) instead of tensors; the
+        previous behaviour returns when the block ends, and the block's folder is deleted.
+
+        Args:
+            folder: Where the downloads go; the runtime's default (under the workspace) if None.
+
+        Raises:
+            RuntimeError: The runtime running this workflow cannot download to disk.
+        """
+        if self.disk_downloads is None:
+            raise RuntimeError("download_to_disk: this runtime cannot download to disk")
+        return self.disk_downloads(folder)
 
     def get_component(self, component_id: str, expected: type[T] | None = None, key: str = "") -> T:
         """The component with id ``component_id``; ``key`` names the arg that asked (for errors).

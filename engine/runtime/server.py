@@ -9,11 +9,13 @@ heartbeating into CLIENT_DEAD. The workflows run one after the other in the call
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ import torch
 
 from engine.cells import Cell, CellSettings, Message, Reply, Status
 from engine.config import Job
-from engine.controller import Controller, TaskQueue
+from engine.controller import Controller, SubmitOutcome, TaskQueue
 from engine.controller.context import JobContext
 from engine.fobs import default_registry
 from engine.model import DXO, FLModel, ReservedHeaderKey, Shareable
@@ -31,6 +33,8 @@ from engine.runtime import protocol
 from engine.runtime.assembly import FilterChains, build_entries, streaming_settings
 from engine.runtime.states import JobState
 from engine.streaming.codec import MessageCodec
+from engine.streaming.disk import DiskDownloads
+from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
 from engine.streaming.service import DownloadService
 from engine.streaming.via_downloader import StreamingContext
 
@@ -42,6 +46,8 @@ MONITOR_INTERVAL_S = 0.2
 END_RUN_GRACE_S = 15.0
 #: Seconds the server waits for every client to ask for work before the first workflow starts.
 CLIENTS_READY_TIMEOUT_S = 120.0
+#: Where downloads to disk go by default, under the server's workspace folder.
+DEFAULT_DOWNLOADS_FOLDER = "downloads"
 
 
 @dataclass
@@ -114,7 +120,9 @@ class ServerJob:
         monitor = threading.Thread(target=self._monitor, name="server-monitor", daemon=True)
         monitor.start()
         self.report("listening", endpoint=self.cell.endpoint)
-        context = JobContext(self.job_id, self.workspace, components, self.report, settings)
+        context = JobContext(
+            self.job_id, self.workspace, components, self.report, settings, disk_downloads=self._downloads_to_disk
+        )
         try:
             missing = self._wait_clients_ready(CLIENTS_READY_TIMEOUT_S)
             if missing:
@@ -131,6 +139,20 @@ class ServerJob:
             self.service.close()
             self.cell.stop()
         return outcome
+
+    @contextlib.contextmanager
+    def _downloads_to_disk(self, folder: Path | None) -> Iterator[DiskDownloads]:
+        """Received results download to disk (lazy refs) inside the block; see `JobContext`."""
+        root = self.workspace / DEFAULT_DOWNLOADS_FOLDER if folder is None else self.workspace / Path(folder)
+        downloads = DiskDownloads(root)
+        downloads.open()
+        previous = self.codec.context
+        self.codec.context = dataclasses.replace(previous, consumer_factory=downloads.consumer_factory())
+        try:
+            yield downloads
+        finally:
+            self.codec.context = previous
+            downloads.close()
 
     def abort(self, reason: str = "aborted") -> None:
         """Stop the job: the running workflow sees its abort signal."""
@@ -239,6 +261,7 @@ class ServerJob:
         task_name = str(message.header.get("task_name", ""))
         started = time.monotonic()
         self.report("result_uploading", site=site, task=task_name)
+        result = None
         try:
             result = self.codec.decode(message.frames)
             if not isinstance(result, Shareable):
@@ -247,11 +270,14 @@ class ServerJob:
         except Exception as e:  # download failed, bad payload or a filter refused it: answered, never raised
             reason = f"result of {site} for task {task_name!r} refused: {e}"
             log.warning("%s", reason)
+            cleanup_lazy_refs(result)
             self.queue.fail_client_task(site, task_id, reason)
             return Reply(header={"outcome": "FAILED", "reason": reason}, status=Status.ERROR, reason=reason)
         seconds = time.monotonic() - started
         self.report("result_received", site=site, task=task_name, bytes=payload_bytes(result), seconds=seconds)
         outcome = self.queue.submit(site, task_id, result)
+        if outcome is not SubmitOutcome.ACCEPTED:  # late or duplicate: nobody will read its files
+            cleanup_lazy_refs(result)
         return Reply(header={"outcome": outcome.value})
 
     # ----------------------------------------------------------------- monitor
@@ -278,6 +304,8 @@ def payload_bytes(value: Any) -> int:
         return value.numel() * value.element_size()
     if isinstance(value, np.ndarray):
         return int(value.nbytes)
+    if isinstance(value, LazyRef):
+        return value.nbytes
     if isinstance(value, FLModel):
         return payload_bytes(value.params)
     if isinstance(value, dict):

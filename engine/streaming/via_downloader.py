@@ -6,7 +6,9 @@ the whole message is decomposed, all of them are offered as one downloadable (pr
 pulled by every receiver) and a reference datum is added to the message. The receiving side
 pulls the stream before the message is rebuilt and puts each tensor back in its place. Which
 messages stream, and in what chunks, comes from the `StreamingContext` in the FOBS context's
-props; without one, or with a chunk size of 0, tensors travel inline as before.
+props; without one, or with a chunk size of 0, tensors travel inline as before. When the
+context's consumers download to disk (`engine.streaming.disk`), each tensor is put back as a
+`LazyRef` to the downloaded file instead, read only when resolved.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from engine.fobs import Datum, DatumType, DecodeContext, EncodeContext, Registry
 from engine.fobs.arrays import NumpyArrayDecomposer, TensorDecomposer
 from engine.fobs.dtypes import is_supported
 from engine.streaming.consumers import MemoryConsumer
+from engine.streaming.lazy import LazyRef, LazyTensorDict
 from engine.streaming.service import DEFAULT_MAX_IN_FLIGHT, ConsumerFactory, DownloadService, download_tensors
 
 #: Key of the `StreamingContext` in ``EncodeContext.props`` / ``DecodeContext.props``.
@@ -163,10 +166,13 @@ class _ViaDownloader(ABC):
             context.cell, owner, ref, context.per_request_timeout_s, context.consumer_factory, context.max_in_flight
         )
 
-    def lookup(self, data: Any, ctx: DecodeContext) -> torch.Tensor:
-        """The downloaded tensor a reference stands for."""
+    def lookup(self, data: Any, ctx: DecodeContext, as_numpy: bool = False) -> torch.Tensor | LazyRef:
+        """The downloaded tensor a reference stands for, or a `LazyRef` when it went to disk."""
         try:
-            return ctx.state[self.kind][data["item"]]
+            downloaded = ctx.state[self.kind]
+            if isinstance(downloaded, LazyTensorDict):
+                return downloaded.make_lazy_ref(data["item"], as_numpy=as_numpy)
+            return downloaded[data["item"]]
         except (KeyError, TypeError) as e:
             raise SerializationError(f"a streamed reference {data!r} names none of the downloaded {self.kind}") from e
 
@@ -186,7 +192,7 @@ class TensorViaDownloaderDecomposer(_ViaDownloader, TensorDecomposer):
     def decompose(self, obj: torch.Tensor, ctx: EncodeContext) -> Any:
         return self.gather(obj, ctx) or {"inline": super().decompose(obj, ctx)}
 
-    def recompose(self, data: Any, ctx: DecodeContext) -> torch.Tensor:
+    def recompose(self, data: Any, ctx: DecodeContext) -> torch.Tensor | LazyRef:
         if isinstance(data, dict) and "inline" in data:
             return super().recompose(data["inline"], ctx)
         return self.lookup(data, ctx)
@@ -212,10 +218,11 @@ class ArrayViaDownloaderDecomposer(_ViaDownloader, NumpyArrayDecomposer):
         gathered = self.gather(tensor, ctx) if tensor is not None else None
         return gathered or {"inline": super().decompose(obj, ctx)}
 
-    def recompose(self, data: Any, ctx: DecodeContext) -> np.ndarray:
+    def recompose(self, data: Any, ctx: DecodeContext) -> np.ndarray | LazyRef:
         if isinstance(data, dict) and "inline" in data:
             return super().recompose(data["inline"], ctx)
-        return self.lookup(data, ctx).numpy()
+        value = self.lookup(data, ctx, as_numpy=True)
+        return value if isinstance(value, LazyRef) else value.numpy()
 
 
 def install_via_downloader(registry: Registry) -> None:

@@ -10,7 +10,9 @@ from typing import Any
 import torch
 
 from engine.aggregators import ModelAggregator, WeightedModelAggregator, check_params_match
+from engine.controller.context import DiskDownloadArea
 from engine.model import FLModel, ParamsType
+from engine.workflows.downloads import disk_figures, receiving_to_disk
 from engine.workflows.model_controller import ModelController
 
 log = logging.getLogger(__name__)
@@ -33,8 +35,12 @@ class FedAvg(ModelController):
         wait_time_after_min_received: Seconds to wait for more results once ``min_clients``
             results are in.
         train_timeout: Seconds a round's training may take (0 = no limit).
-        download_to_disk: Received tensors go to disk first and are aggregated one at a time
-            (see the README; takes effect with the disk download feature).
+        download_to_disk: While the workflow runs, the clients' results download to disk
+            first (one file per result) and are aggregated one tensor at a time, so the server's
+            memory does not grow with the number of clients. Clients are unaffected.
+        download_to_disk_dir: Where those downloads go; a folder under the server's workspace
+            by default (``downloads``), relative paths from there. Leftovers of a crashed run
+            in it are deleted when the next run opens it.
     """
 
     def __init__(
@@ -49,6 +55,7 @@ class FedAvg(ModelController):
         wait_time_after_min_received: float = 0.0,
         train_timeout: float = 0.0,
         download_to_disk: bool = False,
+        download_to_disk_dir: str | None = None,
     ) -> None:
         super().__init__(persistor_id)
         _check_positive("num_clients", num_clients)
@@ -66,8 +73,13 @@ class FedAvg(ModelController):
         self.wait_time_after_min_received = wait_time_after_min_received
         self.train_timeout = train_timeout
         self.download_to_disk = download_to_disk
+        self.download_to_disk_dir = download_to_disk_dir
 
     def run(self) -> None:
+        with receiving_to_disk(self.context, self.download_to_disk, self.download_to_disk_dir) as area:
+            self._run_rounds(area)
+
+    def _run_rounds(self, area: DiskDownloadArea | None) -> None:
         aggregator = self._aggregator()
         model = self.load_model()
         model.total_rounds = self.num_rounds
@@ -117,6 +129,7 @@ class FedAvg(ModelController):
                 metrics=dict(update.metrics or {}),
                 clients=sorted(accepted),
                 failed=dict(self.failures),
+                **disk_figures(area, current_round),
             )
 
     @staticmethod

@@ -7,9 +7,11 @@ import random
 from abc import abstractmethod
 from collections.abc import Callable
 
+from engine.aggregators.weighted import release_values
 from engine.controller import ClientTask, Controller, Task, TaskCompletionStatus
 from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shareable_from_model
 from engine.persistors import ModelPersistor
+from engine.workflows.downloads import with_real_tensors
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,8 @@ class ModelController(Controller):
         return self.persistor.load_model()
 
     def save_model(self, model: FLModel) -> None:
-        """Checkpoint ``model`` through the persistor."""
-        self.persistor.save_model(model)
+        """Checkpoint ``model`` through the persistor (lazy params are read first)."""
+        self.persistor.save_model(with_real_tensors(model))
 
     def sample_clients(self, num_clients: int | None = None) -> list[str]:
         """``num_clients`` clients of the job chosen at random (all of them, in order, by default)."""
@@ -108,6 +110,7 @@ class ModelController(Controller):
                 except Exception as e:
                     self.failures[client_task.client] = f"{type(e).__name__}: {e}"
                     log.warning("result refused client=%s: %s", client_task.client, e)
+                    release_values(model_or_reason.params or {})  # its files on disk, if any
             else:
                 results.append(model_or_reason)
 

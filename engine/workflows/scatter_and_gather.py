@@ -8,8 +8,10 @@ import time
 
 from engine.aggregators import Aggregator
 from engine.controller import ClientTask, Controller, Task
+from engine.controller.context import DiskDownloadArea
 from engine.model import ReservedHeaderKey, ReturnCode
 from engine.persistors import ModelPersistor
+from engine.workflows.downloads import disk_figures, receiving_to_disk, with_real_tensors
 from engine.workflows.model_controller import REASON_HEADER
 from engine.workflows.shareable_generator import ShareableGenerator
 
@@ -33,7 +35,9 @@ class ScatterAndGather(Controller):
         train_timeout: Seconds a round's task may take (0 = no limit).
         ignore_result_error: Go on when a client's result is an error (as long as
             ``min_clients`` usable results arrive); otherwise the job ends at the first one.
-        download_to_disk: Received tensors go to disk first (takes effect with the disk download feature).
+        download_to_disk: While the workflow runs, the clients' results download to disk first
+            and the aggregator reads them one tensor at a time (as for `FedAvg`).
+        download_to_disk_dir: Where those downloads go (as for `FedAvg`).
     """
 
     def __init__(
@@ -49,6 +53,7 @@ class ScatterAndGather(Controller):
         train_timeout: float = 0.0,
         ignore_result_error: bool = False,
         download_to_disk: bool = False,
+        download_to_disk_dir: str | None = None,
     ) -> None:
         super().__init__()
         if min_clients < 1 or num_rounds < 1 or start_round < 0:
@@ -67,6 +72,7 @@ class ScatterAndGather(Controller):
         self.train_timeout = train_timeout
         self.ignore_result_error = ignore_result_error
         self.download_to_disk = download_to_disk
+        self.download_to_disk_dir = download_to_disk_dir
 
     def _gather(
         self,
@@ -91,6 +97,10 @@ class ScatterAndGather(Controller):
             failures[client_task.client] = "refused by the aggregator (see the server log)"
 
     def run(self) -> None:
+        with receiving_to_disk(self.context, self.download_to_disk, self.download_to_disk_dir) as area:
+            self._run_rounds(area)
+
+    def _run_rounds(self, area: DiskDownloadArea | None) -> None:
         aggregator = self.context.get_component(self.aggregator_id, Aggregator, key="aggregator_id")
         persistor = self.context.get_component(self.persistor_id, ModelPersistor, key="persistor_id")
         generator = self.context.get_component(
@@ -133,7 +143,7 @@ class ScatterAndGather(Controller):
                 )
             model = generator.shareable_to_learnable(aggregator.aggregate(current_round), model)
             model.current_round = current_round
-            persistor.save_model(model)
+            persistor.save_model(with_real_tensors(model))
             self.context.report(
                 "round_done",
                 round=current_round,
@@ -142,4 +152,5 @@ class ScatterAndGather(Controller):
                 metrics=dict(model.metrics or {}),
                 clients=sorted(accepted),
                 failed=failures,
+                **disk_figures(area, current_round),
             )

@@ -26,8 +26,9 @@ def make_bench_job(
     workflow_args: dict[str, Any] | None = None,
     server_extra: str = "",
     client_extra: str = "",
+    workflow: str = "fedavg",
 ) -> Path:
-    """Write a FedAvg job folder under ``root`` and return it."""
+    """Write a job folder under ``root`` and return it: FedAvg, or ScatterAndGather (``"sag"``)."""
     job = root / "bench_job"
     custom = job / "app" / "custom"
     (job / "app" / "config").mkdir(parents=True)
@@ -44,9 +45,11 @@ def make_bench_job(
         f"tensor_download_chunk_size = {chunk_bytes}\n"
         f"np_download_chunk_size = {chunk_bytes}\n"
         f"{FAST_CELL}"
-        f"workflows = [{{ id = fedavg, path = engine.workflows.FedAvg, args = {json.dumps(args)} }}]\n"
+        f"{_workflow(workflow, args)}"
         f"components = [{{ id = persistor, path = engine.persistors.PTFileModelPersistor, args {{\n"
-        f"  model {{ path = benchnet_model.BenchNet, args {{ layers = {layers}, width = {width} }} }} }} }}]\n"
+        f"  model {{ path = benchnet_model.BenchNet, args {{ layers = {layers}, width = {width} }} }} }} }}\n"
+        f"  {{ id = aggregator, path = engine.aggregators.DXOAggregator, args {{ expected_data_kind = WEIGHTS }} }}\n"
+        f"  {{ id = shareable_generator, path = engine.workflows.FullModelShareableGenerator }} ]\n"
         f"{server_extra}"
     )
     (job / "app" / "config" / "config_fed_client.conf").write_text(
@@ -60,6 +63,15 @@ def make_bench_job(
         f"{client_extra}"
     )
     return job
+
+
+def _workflow(workflow: str, args: dict[str, Any]) -> str:
+    if workflow == "fedavg":
+        return f"workflows = [{{ id = fedavg, path = engine.workflows.FedAvg, args = {json.dumps(args)} }}]\n"
+    num_clients = args.pop("num_clients")
+    sag = {"min_clients": args.pop("min_clients", num_clients), "wait_time_after_min_received": 0}
+    sag.update(args)
+    return f"workflows = [{{ id = sag, path = engine.workflows.ScatterAndGather, args = {json.dumps(sag)} }}]\n"
 
 
 def expected_delta(num_clients: int) -> float:

@@ -1,0 +1,50 @@
+"""The ``download_to_disk`` switch of the server workflows (FedAvg, ScatterAndGather)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from engine.aggregators.weighted import resolve_value
+from engine.controller.context import DiskDownloadArea, JobContext
+from engine.model import FLModel
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def receiving_to_disk(context: JobContext, enabled: bool, folder: str | None) -> Iterator[DiskDownloadArea | None]:
+    """While the block runs, received results download to disk when ``enabled`` (else nothing changes).
+
+    Args:
+        context: The workflow's job context (its runtime does the switching).
+        enabled: The workflow's ``download_to_disk`` arg.
+        folder: The workflow's ``download_to_disk_dir`` arg; the runtime's default when None.
+    """
+    if not enabled:
+        yield None
+        return
+    with context.downloads_to_disk(None if folder is None else Path(folder)) as area:
+        yield area
+
+
+def disk_figures(area: DiskDownloadArea | None, current_round: int) -> dict[str, Any]:
+    """What a round reports of its downloads to disk: streams downloaded so far, bytes still on disk."""
+    if area is None:
+        return {}
+    left = area.bytes_used()
+    if left:
+        log.warning("downloaded files left after round %d: bytes=%d folder=%s", current_round, left, area.folder)
+    return {"disk_downloads": area.downloads, "disk_bytes_left": left}
+
+
+def with_real_tensors(model: FLModel) -> FLModel:
+    """``model`` with any lazy params read into memory (persistors only ever see real tensors)."""
+    params = model.params or {}
+    if not any(callable(getattr(value, "resolve", None)) for value in params.values()):
+        return model
+    return dataclasses.replace(model, params={name: resolve_value(value) for name, value in params.items()})
