@@ -136,9 +136,11 @@ def _inspect_app(app: AppLayout, layout: JobLayout, problems: list[Problem]) -> 
             problems.extend(e.problems)
             continue
         found = check_document(document, schema) + _check_ids(document)
+        reported = {problem.key_path for problem in found}
         with job_code_on_path(app.custom_dir):
             for spec in _component_specs(document):
-                found.extend(check_component(spec, document))
+                # a key the schema already faulted (a workflow arg it knows) is said once
+                found.extend(p for p in check_component(spec, document) if p.key_path not in reported)
         problems.extend(sorted(found, key=lambda p: p.line or 0))
         document.data = with_defaults(document.data, schema)
         setattr(result, side, document)

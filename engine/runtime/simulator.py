@@ -141,7 +141,8 @@ class _Run:
             state, reason = JobState.FINISHED_ABORTED, "interrupted (Ctrl-C)"
             interrupted = True
         finally:
-            self._stop_all(interrupted)
+            # Without the server's result no client will hear END_RUN: no point waiting for them.
+            self._stop_all(interrupted or self._server_result()[0] is None)
         result_state, result_reason = self._server_result()
         if state is not JobState.FINISHED_ABORTED and result_state is not None:
             state, reason = result_state, result_reason or reason
@@ -222,14 +223,15 @@ class _Run:
                 self.events.put(event)
         self.events.put(None)
 
-    def _stop_all(self, interrupted: bool = False) -> None:
+    def _stop_all(self, at_once: bool = False) -> None:
         """Let processes end by themselves, then terminate, then kill: none is left behind.
 
-        On Ctrl-C every process is told to stop at once (SIGTERM: the server aborts its workflow,
-        a client abandons its task); otherwise clients get the time to hear END_RUN.
+        On Ctrl-C, or when the server ended without a result, every process is told to stop at
+        once (SIGTERM: the server aborts its workflow, a client abandons its task); otherwise
+        clients get the time to hear END_RUN.
         """
         for site, process in self.processes.items():
-            if process.poll() is None and (interrupted or site == "server"):
+            if process.poll() is None and (at_once or site == "server"):
                 process.terminate()
         deadline = time.monotonic() + STOP_GRACE_S
         for process in self.processes.values():

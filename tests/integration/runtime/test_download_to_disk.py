@@ -3,6 +3,13 @@ the faults (disk full, a client killed mid-upload, a crashed server's leftovers)
 
 from __future__ import annotations
 
+import io
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -10,8 +17,9 @@ import torch
 from safetensors.torch import load_file
 
 from engine.config import job_code_on_path
+from engine.runtime.simulator import run_simulation
 from engine.runtime.states import JobState
-from tests.integration.runtime.conftest import read_json
+from tests.integration.runtime.conftest import processes_mentioning, read_json
 from tests.integration.runtime.jobkit import expected_delta, make_bench_job
 
 
@@ -57,3 +65,135 @@ def test_the_model_is_the_analytic_one_on_and_off_and_no_file_is_left(
         assert "downloads go to disk" in log
     else:
         assert all("disk_bytes_left" not in r for r in rounds) and not downloads.exists()
+
+
+def pids_of(*words: str) -> list[int]:
+    """Pids of live processes whose command line holds all ``words``."""
+    found = []
+    for line in processes_mentioning(words[0]):
+        if all(word in line for word in words):
+            found.append(int(line.split(":", 1)[0]))
+    return found
+
+
+def kill_when_a_download_starts(folder: Path, *words: str, timeout_s: float = 60.0) -> bool:
+    """SIGKILL the processes named by ``words`` as soon as a disk download appears under ``folder``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if folder.exists() and any(folder.glob("run-*/xfer-*")):
+            for pid in pids_of(*words):
+                os.kill(pid, signal.SIGKILL)
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def in_background(function, *args):
+    """Run ``function(*args)`` in a thread; return a callable that joins it and gives its result."""
+    box: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: box.setdefault("result", function(*args)), daemon=True)
+    thread.start()
+
+    def join():
+        thread.join(120)
+        return box["result"]
+
+    return join
+
+
+BIG = {"layers": 1, "width": 4096, "chunk_bytes": 16384}  # 64 MiB in 16 KiB chunks: a slow upload
+
+
+def test_a_client_killed_mid_upload_leaves_no_partial_file(simulate, tmp_path: Path) -> None:
+    job = make_bench_job(
+        tmp_path,
+        num_rounds=1,
+        min_clients=1,
+        script_args="--fault sleep --fault-site site-1 --sleep-s 3",
+        workflow_args={"download_to_disk": True},
+        **BIG,
+    )
+    downloads = tmp_path / "workspace" / "server" / "downloads"
+    finished = in_background(simulate, job)
+
+    killed = kill_when_a_download_starts(downloads, str(tmp_path), "--site site-2")  # site-1 is still asleep
+    result, output = finished()
+
+    assert killed, output
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    [round_done] = read_json(tmp_path / "workspace" / "summary.json")["rounds"]
+    assert round_done["clients"] == ["site-1"] and "site-2" in round_done["failed"]
+    assert (round_done["disk_downloads"], round_done["disk_bytes_left"]) == (2, 0)  # the partial one went at once
+    log = (tmp_path / "workspace" / "server" / "log.txt").read_text()
+    assert "result of site-2 for task 'train' refused" in log
+    assert "downloads left at the end deleted" not in log
+
+
+def test_the_next_run_sweeps_what_a_crashed_server_left(simulate, tmp_path: Path) -> None:
+    shared = tmp_path / "scratch"
+    crashing = make_bench_job(
+        tmp_path / "first",
+        num_rounds=1,
+        workflow_args={"download_to_disk": True, "download_to_disk_dir": str(shared)},
+        **BIG,
+    )
+    finished = in_background(simulate, crashing)
+    assert kill_when_a_download_starts(shared, str(tmp_path / "first"), "entry server")
+    crashed, _ = finished()
+    [leftover] = shared.glob("run-*")
+    assert crashed.state is not JobState.FINISHED_COMPLETED and any(leftover.glob("xfer-*"))
+
+    job = make_bench_job(
+        tmp_path / "second",
+        num_rounds=1,
+        workflow_args={"download_to_disk": True, "download_to_disk_dir": str(shared)},
+    )
+    result, output = run_simulation_in(job, tmp_path / "second" / "workspace")
+
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    assert not leftover.exists() and list(shared.iterdir()) == []
+    log = (tmp_path / "second" / "workspace" / "server" / "log.txt").read_text()
+    assert f"leftover downloads of crashed runs deleted: root={shared} folders=1" in log
+
+
+def run_simulation_in(job: Path, workspace: Path):
+    out = io.StringIO()
+    return run_simulation(job, None, workspace, out=out), out.getvalue()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 1 MiB tmpfs (skipped where this machine does not let the tests mount one)."""
+    mount_point = tmp_path / "small_disk"
+    mount_point.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True, check=False
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_full_disk_fails_the_result_with_the_folder_and_bytes_and_leaves_nothing(
+    simulate, tmp_path: Path, small_disk: Path
+) -> None:
+    job = make_bench_job(  # 2 MiB results, a 1 MiB disk
+        tmp_path,
+        num_rounds=1,
+        layers=1,
+        width=724,
+        chunk_bytes=65536,
+        workflow_args={"download_to_disk": True, "download_to_disk_dir": str(small_disk)},
+    )
+
+    result, output = simulate(job)
+
+    assert result.state is JobState.FINISHED_EXECUTION_EXCEPTION, output
+    reason = read_json(tmp_path / "workspace" / "summary.json")["reason"]
+    assert "0 usable result(s), 2 needed (min_clients)" in reason
+    assert re.search(rf"cannot reserve \d+ bytes in {small_disk}/run-\d+-\w+/xfer-\w+ for a download", reason), reason
+    assert "No space left on device" in reason
+    assert list(small_disk.iterdir()) == []

@@ -258,6 +258,29 @@ MORE_CASES = [
         [f"{S}:11: cannot resolve variable ${{undefined}} (define it, or write ${{?NAME}} to make it optional)"],
         id="unresolved-substitution",
     ),
+    pytest.param(
+        {
+            "app/config/config_fed_server.conf": server_with(
+                "path = model.Workflow, args { num_rounds = 2 }",
+                'path = engine.workflows.FedAvg, args { num_rounds = 2, download_to_disk = "yes" }',
+            )
+        },
+        [f'{S}:6: workflows[0].args.download_to_disk: expected true or false, got "yes" (true or false)'],
+        id="download-to-disk-said-once",
+    ),
+    pytest.param(
+        {
+            "app/config/config_fed_server.conf": server_with(
+                "path = model.Workflow, args { num_rounds = 2 }",
+                'path = engine.workflows.ScatterAndGather, args { download_to_disk_dir = "" }',
+            )
+        },
+        [
+            f"{S}:6: workflows[0].args.download_to_disk_dir: must not be empty "
+            "(a folder path, e.g. /scratch/flengine-downloads)"
+        ],
+        id="download-to-disk-dir-empty",
+    ),
 ]
 
 
