@@ -83,7 +83,8 @@ class Controller(ABC):
         Args:
             task: A task not scheduled before.
             targets: Client names; None = every client.
-            min_responses: Results after which the task may complete; 0 = every target.
+            min_responses: Usable results (return code OK, not refused) after which the task may
+                complete; 0 = every target.
             wait_time_after_min_received: Seconds to wait for more results once
                 ``min_responses`` are in (it completes earlier when every target answered).
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 
 from engine.controller.rules import TaskRule, shallow_copy
-from engine.controller.task import ClientTask, Task, TaskCompletionStatus, run_callback
+from engine.controller.task import ClientTask, ResultRefused, Task, TaskCompletionStatus, run_callback
 from engine.model import ReservedHeaderKey, ReturnCode, Shareable
 
 logger = logging.getLogger(__name__)
@@ -176,11 +176,11 @@ class TaskQueue:
             return outcome
         task = client_task.task
         with entry.result_lock:
-            processed = run_callback(task.result_received_cb, client_task, "result_received_cb", task, client)
+            refused = _run_result_callback(task, client_task)
         with self._lock:
-            if not processed:
+            if refused is not None:
                 client_task.status = TaskCompletionStatus.ERROR
-                client_task.reason = "result_received_cb raised"
+                client_task.reason = refused
             entry.results_in_flight -= 1
             now = self._clock()
             entry.rule.on_closed(client_task, now)
@@ -364,3 +364,18 @@ class TaskQueue:
             logger.exception(
                 "late result handler raised: client=%s task_name=%s task_id=%s", client, task_name, task_id
             )
+
+
+def _run_result_callback(task: Task, client_task: ClientTask) -> str | None:
+    """Run ``result_received_cb``; return why the result was refused, or None when it was used."""
+    if task.result_received_cb is None:
+        return None
+    try:
+        task.result_received_cb(client_task)
+    except ResultRefused as e:
+        logger.warning("result refused: task=%s client=%s reason=%s", task.name, client_task.client, e)
+        return str(e)
+    except Exception:
+        logger.exception("result_received_cb raised: task=%s client=%s", task.name, client_task.client)
+        return "result_received_cb raised"
+    return None

@@ -77,7 +77,8 @@ class BroadcastRule(TaskRule):
     """Every target gets the task once; done on ``min_responses`` results plus a grace time.
 
     Args:
-        min_responses: Results needed (any return code counts); 0 = every target.
+        min_responses: Usable results needed (return code OK and not refused by the
+            workflow's result callback); 0 = every target.
         wait_time_after_min_received: Seconds to wait for more results once there are enough;
             the task completes earlier when no target that could still answer is left.
         forever: Never complete (only a cancel, a task timeout or the end of the run ends it);
@@ -100,7 +101,8 @@ class BroadcastRule(TaskRule):
         if self.forever:
             return None
         targets = task.targets or []
-        responded = sum(ct.result_received_time is not None for ct in task.client_tasks)
+        # Only usable results count: an error result, or one the workflow refused, does not.
+        responded = sum(ct.status is TaskCompletionStatus.OK for ct in task.client_tasks)
         required = self.min_responses or len(targets)
         could_answer = sum(
             1

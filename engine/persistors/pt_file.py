@@ -74,32 +74,47 @@ class PTFileModelPersistor(ModelPersistor):
         self._negate = negate_key_metric
         self._source = source_ckpt_file_full_name
         self._best: float | None = None
+        self._handed_out = False
 
     def load_model(self) -> FLModel:
-        """Return the starting weights as FULL params: the checkpoint's, else the module's.
+        """Return the current global model as FULL params: the last one saved, else the starting weights.
 
-        The module's tensors are detached CPU tensors that share memory with it (no copy).
+        The starting weights are the checkpoint's, else the module's. The module's tensors are
+        handed over without a copy, and the module keeps only their names and shapes from then
+        on (its weights would otherwise stay in memory for the whole job); a later call
+        therefore reads the last saved global model.
 
         Raises:
             FileNotFoundError: ``source_ckpt_file_full_name`` names no file.
             ValueError: The checkpoint is not a safetensors file, or does not match the module.
+            RuntimeError: The module's weights were handed out and no global model was saved since.
         """
+        saved = self._models_dir / self._global_name if self._models_dir is not None else None
+        if self._handed_out and saved is not None and saved.is_file():
+            return self._load_file(saved, "global model")
         if self._source is None:
+            if self._handed_out:
+                raise RuntimeError("load_model: the module's weights were handed out and no global model was saved yet")
             params = {name: t.detach().cpu() for name, t in self._model.state_dict().items()}
+            self._model.to("meta")  # keep names and shapes, not a second model's worth of memory
+            self._handed_out = True
             return FLModel(params=params, params_type=ParamsType.FULL)
-        path = Path(self._source)
+        return self._load_file(Path(self._source), "source_ckpt_file_full_name")
+
+    def _load_file(self, path: Path, what: str) -> FLModel:
+        """The safetensors file ``path`` as FULL params in the module's order, checked against it."""
         if not path.is_file():
-            raise FileNotFoundError(f"source_ckpt_file_full_name: no such file: {path}")
+            raise FileNotFoundError(f"{what}: no such file: {path}")
         try:
             params = safetensors.torch.load_file(path)
         except Exception as e:  # safetensors raises its own SafetensorError for a bad header
-            raise ValueError(f"source_ckpt_file_full_name: {path} is not a readable safetensors file: {e}") from e
-        self._check_matches_module(params, path)
+            raise ValueError(f"{what}: {path} is not a readable safetensors file: {e}") from e
+        self._check_matches_module(params, path, what)
         params = {name: params[name] for name in self._model.state_dict()}  # the module's order
-        logger.info("initial model loaded: file=%s tensors=%d", path, len(params))
+        logger.info("model loaded: file=%s tensors=%d", path, len(params))
         return FLModel(params=params, params_type=ParamsType.FULL)
 
-    def _check_matches_module(self, params: Mapping[str, torch.Tensor], path: Path) -> None:
+    def _check_matches_module(self, params: Mapping[str, torch.Tensor], path: Path, what: str) -> None:
         expected = self._model.state_dict()
         problems = [f"missing {name!r}" for name in expected if name not in params]
         problems += [f"unexpected {name!r}" for name in params if name not in expected]
@@ -110,7 +125,7 @@ class PTFileModelPersistor(ModelPersistor):
         ]
         if problems:
             shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-            raise ValueError(f"source_ckpt_file_full_name: {path} does not match the model: {shown}")
+            raise ValueError(f"{what}: {path} does not match the model: {shown}")
 
     def save_model(self, model: FLModel) -> Path:
         """Write ``model.params`` to the global model file; also to the best one when it is the best so far.

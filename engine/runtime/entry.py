@@ -20,7 +20,13 @@ from pathlib import Path
 
 from engine.config import load_job
 from engine.runtime.client import ClientJob
-from engine.runtime.process import EventWriter, exit_with_parent, log_to_file, write_process_file
+from engine.runtime.process import (
+    EventWriter,
+    exit_with_parent,
+    log_to_file,
+    return_freed_memory_to_the_system,
+    write_process_file,
+)
 from engine.runtime.server import ServerJob
 from engine.runtime.states import JobState
 
@@ -34,6 +40,7 @@ STOP_GRACE_S = 5.0
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one server or client process of a job; return its exit code."""
     args = _parser().parse_args(argv)
+    return_freed_memory_to_the_system()
     folder = Path(args.workspace) / args.site
     folder.mkdir(parents=True, exist_ok=True)
     log_to_file(folder, args.verbose)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
@@ -25,6 +27,30 @@ def peak_rss_bytes() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+#: Allocations of at least this many bytes get their own mapping, returned to the system on free.
+MMAP_THRESHOLD_BYTES = 1 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def return_freed_memory_to_the_system() -> bool:
+    """Make glibc map every large allocation on its own (tensors, received chunks).
+
+    By default glibc raises its mmap threshold as large blocks are freed, after which model-sized
+    buffers come from per-thread arenas that keep freed memory: a server that aggregates in
+    several handler threads then holds hundreds of MiB it no longer uses. A fixed threshold
+    (1 MiB) gives each large buffer back when it is freed. Returns False where there is no glibc.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    fixed = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+    fixed = mallopt(_M_TRIM_THRESHOLD, 4 * MMAP_THRESHOLD_BYTES) == 1 and fixed
+    return fixed
 
 
 def write_process_file(folder: Path, name: str, **fields: Any) -> None:

@@ -33,7 +33,7 @@ from engine.runtime import protocol
 from engine.runtime.assembly import FilterChains, build_entries, streaming_settings
 from engine.runtime.states import JobState
 from engine.streaming.codec import MessageCodec
-from engine.streaming.disk import DiskDownloads
+from engine.streaming.disk import DiskConsumerFactory, DiskDownloads
 from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
 from engine.streaming.service import DownloadService
 from engine.streaming.via_downloader import StreamingContext
@@ -88,6 +88,7 @@ class ServerJob:
         self._told_end: set[str] = set()
         self._task_frames: dict[int, tuple[Any, list[Any]]] = {}
         self._stopped = threading.Event()
+        self._memory_slot = threading.Lock()
         self.chunks_served = 0
 
     def report(self, event: str, **fields: Any) -> None:
@@ -256,6 +257,13 @@ class ServerJob:
         return entry[1]
 
     def _on_submit(self, message: Message) -> Reply:
+        # In memory, one result is pulled and aggregated at a time, so the server holds at most
+        # one client's model beyond the sum (others wait for their turn); on disk, all at once.
+        in_memory = not isinstance(self.codec.context.consumer_factory, DiskConsumerFactory)
+        with self._memory_slot if in_memory else contextlib.nullcontext():
+            return self._take_result(message)
+
+    def _take_result(self, message: Message) -> Reply:
         site = message.source
         task_id = str(message.header.get("task_id", ""))
         task_name = str(message.header.get("task_name", ""))
@@ -287,8 +295,8 @@ class ServerJob:
             try:
                 self.queue.check()
                 connected = {peer.split(".", 1)[0] for peer in self.cell.peers()}
-                with self._lock:
-                    gone = self._seen - self._dead - connected
+                with self._lock:  # a client that heard END_RUN leaves; that is not a death
+                    gone = self._seen - self._dead - self._told_end - connected
                     self._dead |= gone
                 for site in sorted(gone):
                     log.warning("client stopped answering heartbeats site=%s", site)

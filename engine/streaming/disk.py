@@ -14,7 +14,6 @@ import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from engine.errors import StreamingError
@@ -62,6 +61,19 @@ class DiskTensorConsumer(DiskConsumer):
         self.owner.cleanup()
 
 
+class DiskConsumerFactory:
+    r"""Makes `DiskTensorConsumer`\ s in one run's folder and counts them (a `ConsumerFactory`)."""
+
+    def __init__(self, downloads: DiskDownloads, folder: Path) -> None:
+        self._downloads = downloads
+        self.folder = folder
+
+    def __call__(self, layout: StreamLayout, chunk_bytes: int) -> DiskTensorConsumer:
+        consumer = DiskTensorConsumer(layout, chunk_bytes, self.folder)
+        self._downloads.downloads += 1
+        return consumer
+
+
 class DiskDownloads:
     """One run's download folder, ``<root>/run-<pid>-<token>/``, and how many downloads it took.
 
@@ -93,18 +105,11 @@ class DiskDownloads:
         log.info("downloads go to disk: folder=%s", self.folder)
         return self.folder
 
-    def consumer_factory(self) -> Callable[[StreamLayout, int], DiskTensorConsumer]:
+    def consumer_factory(self) -> DiskConsumerFactory:
         """Makes the consumers of this run's downloads (for a `StreamingContext`); counts them."""
         if self.folder is None:
             raise StreamingError("the download folder is not open")
-        folder = self.folder
-
-        def new_consumer(layout: StreamLayout, chunk_bytes: int) -> DiskTensorConsumer:
-            consumer = DiskTensorConsumer(layout, chunk_bytes, folder)
-            self.downloads += 1
-            return consumer
-
-        return new_consumer
+        return DiskConsumerFactory(self, self.folder)
 
     def bytes_used(self) -> int:
         """Bytes of files under this run's folder now."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -83,6 +84,7 @@ class FedAvg(ModelController):
         aggregator = self._aggregator()
         model = self.load_model()
         model.total_rounds = self.num_rounds
+        self.save_model(model)  # from now on the persistor can give the global model back
         last_round = self.start_round + self.num_rounds
         for current_round in range(self.start_round, last_round):
             if self.abort_signal.is_set():
@@ -94,17 +96,21 @@ class FedAvg(ModelController):
             aggregator.reset_stats()
             accepted: list[str] = []
 
-            accept = functools.partial(self._accept, aggregator, model.params or {}, accepted)
+            # While the clients train, the global weights are held by nobody here: the checks
+            # need names, shapes and dtypes only, and the task lets go once every client has it.
+            reference = _layout_of(model.params or {})
+            accept = functools.partial(self._accept, aggregator, reference, accepted)
 
             self.send_model_and_wait(
                 targets=clients,
                 data=FLModel(
-                    params=model.params,
+                    params=_take_params(model),
                     params_type=ParamsType.FULL,
                     current_round=current_round,
                     total_rounds=self.num_rounds,
                     start_round=self.start_round,
                 ),
+                release_after_send=True,
                 timeout=self.train_timeout,
                 min_responses=needed,
                 wait_time_after_min_received=self.wait_time_after_min_received,
@@ -119,7 +125,7 @@ class FedAvg(ModelController):
                     f"{needed} needed (min_clients); {reasons or 'no reason reported'}"
                 )
             update = aggregator.aggregate_model()
-            model = _apply(model, update, current_round)
+            model = _apply(model, update, current_round, reference, self.load_model)
             self.save_model(model)
             self.context.report(
                 "round_done",
@@ -150,15 +156,38 @@ class FedAvg(ModelController):
         return self.context.get_component(self.aggregator_id, ModelAggregator, key="aggregator_id")
 
 
-def _apply(model: FLModel, update: FLModel, current_round: int) -> FLModel:
-    """The new global model: the mean itself (FULL), or the old one plus the mean (DIFF)."""
+def _layout_of(params: dict[str, Any]) -> dict[str, Any]:
+    """Stand-ins with the names, shapes and dtypes of ``params`` and no memory (meta tensors)."""
+    return {
+        name: torch.empty(value.shape, dtype=value.dtype, device="meta") if isinstance(value, torch.Tensor) else value
+        for name, value in params.items()
+    }
+
+
+def _take_params(model: FLModel) -> dict[str, Any] | None:
+    """Hand over ``model.params``, leaving the model without them."""
+    params, model.params = model.params, None
+    return params
+
+
+def _apply(
+    model: FLModel,
+    update: FLModel,
+    current_round: int,
+    reference: dict[str, Any],
+    load_global: Callable[[], FLModel],
+) -> FLModel:
+    """The new global model: the mean itself (FULL), or the old one plus the mean (DIFF).
+
+    The old weights are read back from the persistor only when needed (a DIFF, or a FULL
+    mean that leaves names out).
+    """
     params = dict(update.params or {})
-    if update.params_type is ParamsType.DIFF:
-        params = {
-            name: model.params[name] + torch.as_tensor(delta).to(model.params[name].dtype)
-            for name, delta in params.items()
-        }
-    params = {**(model.params or {}), **params}
+    if update.params_type is ParamsType.DIFF or set(params) != set(reference):
+        base = load_global().params or {}
+        if update.params_type is ParamsType.DIFF:
+            params = {name: base[name] + torch.as_tensor(delta).to(base[name].dtype) for name, delta in params.items()}
+        params = {**base, **params}
     return FLModel(
         params=params,
         params_type=ParamsType.FULL,

@@ -8,7 +8,7 @@ from abc import abstractmethod
 from collections.abc import Callable
 
 from engine.aggregators.weighted import release_values
-from engine.controller import ClientTask, Controller, Task, TaskCompletionStatus
+from engine.controller import ClientTask, Controller, ResultRefused, Task, TaskCompletionStatus
 from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shareable_from_model
 from engine.persistors import ModelPersistor
 from engine.workflows.downloads import with_real_tensors
@@ -42,7 +42,7 @@ class ModelController(Controller):
         return self.context.get_component(self.persistor_id, ModelPersistor, key="persistor_id")
 
     def load_model(self) -> FLModel:
-        """The initial model, from the persistor."""
+        """The current global model, from the persistor (the starting one until a round saved another)."""
         return self.persistor.load_model()
 
     def save_model(self, model: FLModel) -> None:
@@ -67,6 +67,7 @@ class ModelController(Controller):
         wait_time_after_min_received: float = 0.0,
         min_responses: int | None = None,
         callback: ResultCallback | None = None,
+        release_after_send: bool = False,
     ) -> list[FLModel]:
         """Send ``data`` to ``targets`` as task ``task_name`` and wait for their results.
 
@@ -80,41 +81,56 @@ class ModelController(Controller):
             min_responses: Results needed; all targets when None.
             callback: Called with each successful result as it arrives; when given, the results
                 are not kept (InTime processing) and the returned list is empty.
+            release_after_send: Drop the task's reference to ``data`` once every target has
+                been sent it, so a large model is not kept in memory while the clients train
+                (the caller must hold no reference either, to free it).
 
         Returns:
             The successful results (``meta["client_name"]`` says whose), unless a callback took them.
             Failed results are recorded in `failures` (client -> reason).
         """
         targets = list(targets) if targets is not None else self.get_clients()
-        model = data or FLModel()
-        shareable = shareable_from_model(model)
+        shareable = shareable_from_model(data or FLModel())
+        current_round, total_rounds = (data.current_round, data.total_rounds) if data else (None, None)
+        del data  # from here on only the task holds the model
         shareable.set_header(ReservedHeaderKey.TASK_NAME, task_name)
-        if model.current_round is not None:
-            shareable.set_header(ReservedHeaderKey.CURRENT_ROUND, model.current_round)
-        if model.total_rounds is not None:
-            shareable.set_header(ReservedHeaderKey.TOTAL_ROUNDS, model.total_rounds)
+        if current_round is not None:
+            shareable.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
+        if total_rounds is not None:
+            shareable.set_header(ReservedHeaderKey.TOTAL_ROUNDS, total_rounds)
         results: list[FLModel] = []
         self.failures = {}
 
         def on_result(client_task: ClientTask) -> None:
             result = client_task.result
             client_task.result = None  # InTime: the task keeps no client's tensors
-            model_or_reason = self._result_model(result, client_task.client, model.current_round)
+            model_or_reason = self._result_model(result, client_task.client, current_round)
             if isinstance(model_or_reason, str):
                 self.failures[client_task.client] = model_or_reason
-                log.warning("result refused client=%s: %s", client_task.client, model_or_reason)
-                return
+                raise ResultRefused(model_or_reason)
             if callback is not None:
                 try:
                     callback(model_or_reason, client_task.client)
                 except Exception as e:
                     self.failures[client_task.client] = f"{type(e).__name__}: {e}"
-                    log.warning("result refused client=%s: %s", client_task.client, e)
                     release_values(model_or_reason.params or {})  # its files on disk, if any
+                    raise ResultRefused(str(e)) from e
             else:
                 results.append(model_or_reason)
 
-        task = Task(task_name, shareable, timeout=timeout, result_received_cb=on_result)
+        def release_when_all_sent(client_task: ClientTask) -> None:
+            task = client_task.task  # each target's copy is made before this runs
+            if task.targets and all(target in task.last_client_task_map for target in task.targets):
+                task.data = Shareable()
+
+        task = Task(
+            task_name,
+            shareable,
+            timeout=timeout,
+            result_received_cb=on_result,
+            after_task_sent_cb=release_when_all_sent if release_after_send else None,
+        )
+        del shareable
         self.broadcast_and_wait(
             task,
             targets=targets,

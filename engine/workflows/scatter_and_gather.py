@@ -7,7 +7,7 @@ import logging
 import time
 
 from engine.aggregators import Aggregator
-from engine.controller import ClientTask, Controller, Task
+from engine.controller import ClientTask, Controller, ResultRefused, Task
 from engine.controller.context import DiskDownloadArea
 from engine.model import ReservedHeaderKey, ReturnCode
 from engine.persistors import ModelPersistor
@@ -91,10 +91,10 @@ class ScatterAndGather(Controller):
             if not self.ignore_result_error:
                 self.cancel_task(client_task.task)
             return
-        if aggregator.accept(result, client_task.client, current_round):
-            accepted.append(client_task.client)
-        else:
+        if not aggregator.accept(result, client_task.client, current_round):
             failures[client_task.client] = "refused by the aggregator (see the server log)"
+            raise ResultRefused(failures[client_task.client])
+        accepted.append(client_task.client)
 
     def run(self) -> None:
         with receiving_to_disk(self.context, self.download_to_disk, self.download_to_disk_dir) as area:

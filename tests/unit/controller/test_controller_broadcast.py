@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from engine.controller import Task, TaskCompletionStatus, TaskQueue
+from engine.controller import ResultRefused, Task, TaskCompletionStatus, TaskQueue
 from engine.model import ReservedHeaderKey, ReturnCode, Shareable
 
 from .conftest import CLIENTS, FakeClock, SimulatedClients, Workflow, answer
@@ -80,14 +80,32 @@ def test_min_responses(
     assert task.completion_status is (OK if done else None)
 
 
-def test_a_failed_result_counts_as_a_response(controller: Workflow, queue: TaskQueue) -> None:
+def test_a_failed_result_is_not_a_usable_response(controller: Workflow, queue: TaskQueue) -> None:
     task = Task("train", Shareable())
-    controller.broadcast(task, targets=["site-1"])
+    controller.broadcast(task, targets=["site-1", "site-2"], min_responses=1)
 
     answer(queue, queue.next_task("site-1"), ReturnCode.EXECUTION_EXCEPTION)
+    assert task.completion_status is None  # site-2 may still give the one usable result
+    answer(queue, queue.next_task("site-2"), ReturnCode.EXECUTION_EXCEPTION)
+
+    assert task.completion_status is TaskCompletionStatus.ERROR
+    assert task.last_client_task_map["site-1"].status is TaskCompletionStatus.ERROR
+
+
+def test_a_result_the_callback_refuses_is_not_a_usable_response(controller: Workflow, queue: TaskQueue) -> None:
+    def refuse_site_1(client_task) -> None:
+        if client_task.client == "site-1":
+            raise ResultRefused("shape (2,) does not fit")
+
+    task = Task("train", Shareable(), result_received_cb=refuse_site_1)
+    controller.broadcast(task, targets=["site-1", "site-2"], min_responses=1)
+
+    answer(queue, queue.next_task("site-1"), ReturnCode.OK)
+    assert task.completion_status is None
+    assert task.last_client_task_map["site-1"].reason == "shape (2,) does not fit"
+    answer(queue, queue.next_task("site-2"), ReturnCode.OK)
 
     assert task.completion_status is OK
-    assert task.last_client_task_map["site-1"].status is TaskCompletionStatus.ERROR
 
 
 def test_wait_time_after_min_received_keeps_the_task_open(

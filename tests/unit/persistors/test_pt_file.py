@@ -95,14 +95,31 @@ def test_tensors_sharing_memory_are_saved_separately(persistor: PTFileModelPersi
     assert weight.untyped_storage().data_ptr() == saved["encoder.weight"].untyped_storage().data_ptr()
 
 
-def test_load_model_returns_the_modules_weights(persistor: PTFileModelPersistor) -> None:
-    module = persistor._model
+def test_load_model_hands_over_the_modules_weights_and_keeps_only_their_shapes(
+    persistor: PTFileModelPersistor,
+) -> None:
+    expected = {name: t.clone() for name, t in persistor._model.state_dict().items()}
 
     model = persistor.load_model()
 
     assert model.params_type is ParamsType.FULL
-    assert_bitwise_equal(model.params, module.state_dict())
+    assert_bitwise_equal(model.params, expected)
     assert all(t.device.type == "cpu" and not t.requires_grad for t in model.params.values())
+    kept = persistor._model.state_dict()
+    assert all(t.device.type == "meta" and t.shape == expected[n].shape for n, t in kept.items())
+
+
+def test_a_later_load_model_reads_the_last_saved_global_model(persistor: PTFileModelPersistor) -> None:
+    first = persistor.load_model()
+    with pytest.raises(RuntimeError, match="handed out and no global model was saved yet"):
+        persistor.load_model()
+    saved = {name: t + 1 for name, t in first.params.items()}
+    persistor.save_model(FLModel(params=saved, params_type=ParamsType.FULL))
+
+    again = persistor.load_model()
+
+    assert_bitwise_equal(again.params, saved)
+    assert list(again.params) == list(first.params)
 
 
 def test_load_model_reads_the_source_checkpoint(tmp_path: Path) -> None:

@@ -1,0 +1,129 @@
+"""FedAvg against a real task queue, with the test playing the clients: the weighted mean, DIFF
+results applied to the saved global model, and the global weights let go while clients train."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.controller import TaskQueue
+from engine.controller.context import JobContext
+from engine.model import FLModel, ParamsType, ReturnCode
+from engine.model.convert import model_from_shareable, shareable_from_model
+from engine.persistors import PTFileModelPersistor
+from engine.workflows import FedAvg
+
+CLIENTS = ["site-1", "site-2"]
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        with torch.no_grad():
+            self.fc.weight.fill_(1.0)
+            self.fc.bias.fill_(2.0)
+
+
+@pytest.fixture
+def run(tmp_path: Path):
+    """Start FedAvg in a thread against a real queue; yield (queue, persistor, the thread)."""
+    started = []
+
+    def start(**args) -> tuple[TaskQueue, PTFileModelPersistor, threading.Thread]:
+        queue = TaskQueue(CLIENTS)
+        persistor = PTFileModelPersistor(model=Net())
+        persistor.use_workspace(tmp_path)
+        workflow = FedAvg(num_clients=2, persistor_id="persistor", **args)
+        workflow.bind(queue, context=JobContext(workspace=tmp_path, components={"persistor": persistor}))
+        errors: list[BaseException] = []
+        thread = threading.Thread(target=lambda: _capture(workflow.run, errors), daemon=True)
+        thread.errors = errors  # type: ignore[attr-defined]
+        thread.workflow = workflow  # type: ignore[attr-defined]
+        thread.start()
+        started.append(queue)
+        return queue, persistor, thread
+
+    yield start
+    for queue in started:
+        queue.end_run()
+
+
+def _capture(function, errors: list[BaseException]) -> None:
+    try:
+        function()
+    except BaseException as e:  # noqa: BLE001 - handed to the test
+        errors.append(e)
+
+
+def next_task(queue: TaskQueue, client: str):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        assignment = queue.next_task(client)
+        if assignment is not None:
+            return assignment
+        time.sleep(0.01)
+    raise AssertionError(f"{client} got no task")
+
+
+def reply(params: dict, steps: int, params_type: ParamsType = ParamsType.FULL):
+    result = shareable_from_model(
+        FLModel(params=params, params_type=params_type, meta={"NUM_STEPS_CURRENT_ROUND": steps})
+    )
+    result.set_return_code(ReturnCode.OK)
+    return result
+
+
+def test_full_results_average_and_the_global_weights_are_let_go_while_clients_train(run) -> None:
+    queue, persistor, thread = run(num_rounds=1)
+
+    first, second = next_task(queue, "site-1"), next_task(queue, "site-2")
+    watched = weakref.ref(model_from_shareable(first.data).params["fc.weight"])
+    first_id, second_id = first.task_id, second.task_id
+    del first, second  # the runtime has encoded the task for both and let go of it
+    gc.collect()
+    assert watched() is None  # nobody on the server holds the round's global weights now
+
+    queue.submit("site-1", first_id, reply({"fc.weight": torch.full((3, 4), 2.0), "fc.bias": torch.zeros(3)}, 1))
+    queue.submit("site-2", second_id, reply({"fc.weight": torch.full((3, 4), 5.0), "fc.bias": torch.ones(3)}, 2))
+    thread.join(10)
+
+    assert thread.errors == []  # type: ignore[attr-defined]
+    final = persistor.load_model().params
+    assert torch.allclose(final["fc.weight"], torch.full((3, 4), 4.0))
+    assert torch.allclose(final["fc.bias"], torch.full((3,), 2 / 3))
+
+
+def test_diff_results_are_added_to_the_saved_global_model(run) -> None:
+    queue, persistor, thread = run(num_rounds=2)
+
+    for _ in range(2):
+        first, second = next_task(queue, "site-1"), next_task(queue, "site-2")
+        diff = {"fc.weight": torch.full((3, 4), 0.5)}  # a DIFF may leave names out
+        queue.submit("site-1", first.task_id, reply(diff, 1, ParamsType.DIFF))
+        queue.submit("site-2", second.task_id, reply(diff, 1, ParamsType.DIFF))
+    thread.join(10)
+
+    assert thread.errors == []  # type: ignore[attr-defined]
+    final = persistor.load_model().params
+    assert torch.allclose(final["fc.weight"], torch.full((3, 4), 2.0))  # 1 + 2 x 0.5
+    assert torch.allclose(final["fc.bias"], torch.full((3,), 2.0))  # untouched
+
+
+def test_a_result_that_does_not_fit_the_model_is_refused(run) -> None:
+    queue, persistor, thread = run(num_rounds=1, min_clients=1)
+
+    first, second = next_task(queue, "site-1"), next_task(queue, "site-2")
+    queue.submit("site-1", first.task_id, reply({"fc.weight": torch.zeros(2, 2), "fc.bias": torch.zeros(3)}, 1))
+    queue.submit("site-2", second.task_id, reply({"fc.weight": torch.zeros(3, 4), "fc.bias": torch.zeros(3)}, 1))
+    thread.join(10)
+
+    assert thread.errors == []  # type: ignore[attr-defined]
+    assert torch.equal(persistor.load_model().params["fc.weight"], torch.zeros(3, 4))
+    assert "'fc.weight': shape (2, 2), expected (3, 4)" in thread.workflow.failures["site-1"]  # type: ignore[attr-defined]

@@ -1,0 +1,302 @@
+"""Benchmark of whole jobs: ``flengine run`` on generated BenchNet FedAvg jobs, measured from outside.
+
+    python tools/bench.py --size-mb 1024 --clients 2 4 --disk off on [--chunk-mb 2] [--out FILE]
+
+For each point of the matrix (model size x clients x download_to_disk x chunk size) it writes a
+FedAvg job (BENCHMARK.md: BenchNet, client k adds ``k * 0.001``, weight ``k * 100``, R rounds),
+runs it with ``flengine run`` and samples every 50 ms, from outside, each process of the run
+(the server, each site, with their children): RSS and PSS (``/proc/<pid>/smaps_rollup``), the
+peak of the tree's sum, and the bytes under the server's download folder. From the workspace it
+takes the round times and states, and it checks every parameter of the final global model
+against ``init + R * D`` (tolerance 1e-6). Prints a markdown table and writes JSON
+(``{"runs": [...]}``, one object per point) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchnet  # noqa: E402
+
+JOB_CODE = Path(__file__).resolve().parent / "bench_job"
+SAMPLE_INTERVAL_S = 0.05
+MIB = 2**20
+
+
+@dataclass
+class Point:
+    """One run of the matrix."""
+
+    size_mb: int
+    clients: int
+    download_to_disk: bool
+    chunk_mb: float
+    rounds: int = 2
+
+    @property
+    def label(self) -> str:
+        disk = "on" if self.download_to_disk else "off"
+        return f"{self.size_mb}MiB x{self.clients} disk={disk} chunk={self.chunk_mb:g}MiB"
+
+
+@dataclass
+class Peaks:
+    """What the sampler saw: per-site peaks, tree peak, download folder peak (all in MiB)."""
+
+    rss_mb: dict[str, float] = field(default_factory=dict)
+    pss_mb: dict[str, float] = field(default_factory=dict)
+    tree_rss_mb: float = 0.0
+    download_dir_mb: float = 0.0
+    samples: int = 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    points = [
+        Point(size, clients, disk == "on", chunk, args.rounds)
+        for size in args.size_mb
+        for clients in args.clients
+        for disk in args.disk
+        for chunk in args.chunk_mb
+    ]
+    runs = []
+    for point in points:
+        print(f"running {point.label} ...", flush=True)
+        record = run_point(point, keep=args.keep)
+        runs.append(record)
+        print(_row(record), flush=True)
+        if args.out:
+            Path(args.out).write_text(json.dumps({"runs": runs}, indent=2) + "\n", encoding="utf-8")
+    print()
+    print("\n".join(markdown_table(runs)))
+    return 0 if all(run["correct"] and run["status"] == "FINISHED_COMPLETED" for run in runs) else 1
+
+
+def run_point(point: Point, keep: bool = False) -> dict[str, Any]:
+    """Write the job, run it, sample it, check its model; return the record."""
+    root = Path(tempfile.mkdtemp(prefix="flengine-bench-"))
+    try:
+        job = write_job(root / "job", point)
+        workspace = root / "workspace"
+        command = [sys.executable, "-m", "engine", "run", str(job), "--workspace", str(workspace)]
+        started = time.monotonic()
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        peaks = Peaks()
+        sampler = threading.Thread(target=_sample, args=(process.pid, workspace / "server" / "downloads", peaks))
+        sampler.start()
+        output, _ = process.communicate()
+        seconds = time.monotonic() - started
+        sampler.join()
+        summary = json.loads((workspace / "summary.json").read_text(encoding="utf-8"))
+        correct, worst = check_model(workspace / "server" / "models" / "global.safetensors", point)
+        return {
+            **asdict(point),
+            "status": summary["status"],
+            "reason": summary.get("reason", ""),
+            "seconds": round(seconds, 2),
+            "round_s": [r["time_s"] for r in summary["rounds"]],
+            "server_peak_rss_mb": round(peaks.rss_mb.get("server", 0.0), 1),
+            "server_peak_pss_mb": round(peaks.pss_mb.get("server", 0.0), 1),
+            "client_peak_rss_mb": round(max((v for k, v in peaks.rss_mb.items() if k != "server"), default=0.0), 1),
+            "client_peak_pss_mb": round(max((v for k, v in peaks.pss_mb.items() if k != "server"), default=0.0), 1),
+            "tree_peak_rss_mb": round(peaks.tree_rss_mb, 1),
+            "download_dir_peak_mb": round(peaks.download_dir_mb, 1),
+            "self_reported_peak_rss_mb": {s: p.get("peak_rss_mb") for s, p in summary["processes"].items()},
+            "samples": peaks.samples,
+            "correct": correct,
+            "max_abs_error": worst,
+            "output_tail": output.splitlines()[-3:] if summary["status"] != "FINISHED_COMPLETED" else [],
+        }
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def write_job(folder: Path, point: Point) -> Path:
+    """A FedAvg job over BenchNet(size_mb) for ``point``."""
+    custom = folder / "app" / "custom"
+    (folder / "app" / "config").mkdir(parents=True)
+    custom.mkdir()
+    for name in ("benchnet_module.py", "client.py"):
+        shutil.copy(JOB_CODE / name, custom / name)
+    chunk = int(point.chunk_mb * MIB)
+    streaming = f"tensor_download_chunk_size = {chunk}\nnp_download_chunk_size = {chunk}\n"
+    (folder / "meta.conf").write_text(
+        f'name = bench\nmin_clients = {point.clients}\ndeploy_map {{ app = ["@ALL"] }}\n', encoding="utf-8"
+    )
+    args = {"num_clients": point.clients, "num_rounds": point.rounds, "download_to_disk": point.download_to_disk}
+    (folder / "app" / "config" / "config_fed_server.conf").write_text(
+        f"format_version = 2\n{streaming}"
+        f"workflows = [{{ id = fedavg, path = engine.workflows.FedAvg, args = {json.dumps(args)} }}]\n"
+        f"components = [{{ id = persistor, path = engine.persistors.PTFileModelPersistor,\n"
+        f"  args {{ model {{ path = benchnet_module.BenchNet, args {{ size_mb = {point.size_mb} }} }} }} }}]\n",
+        encoding="utf-8",
+    )
+    (folder / "app" / "config" / "config_fed_client.conf").write_text(
+        f"format_version = 2\n{streaming}"
+        f'executors = [{{ tasks = ["*"], executor {{ path = engine.executors.ClientAPIExecutor,\n'
+        f"  args {{ task_script_path = client.py, execution_mode = in_process }} }} }}]\n",
+        encoding="utf-8",
+    )
+    return folder
+
+
+def check_model(path: Path, point: Point) -> tuple[bool, float]:
+    """Whether every parameter equals ``init + R * D`` within 1e-6; and the largest error."""
+    ks = range(1, point.clients + 1)
+    delta = point.rounds * sum(k * 0.001 * k * 100 for k in ks) / sum(k * 100 for k in ks)
+    if not path.exists():
+        return False, float("inf")
+    worst = 0.0
+    with safe_open(str(path), framework="pt") as model:
+        for index in range(benchnet.layer_count(point.size_mb)):
+            for name, initial in zip(("weight", "bias"), benchnet.layer(index), strict=True):
+                got = model.get_tensor(f"layers.{index}.{name}").double()
+                worst = max(worst, (got - (initial.double() + delta)).abs().max().item())
+    return worst <= 1e-6, worst
+
+
+def _sample(root_pid: int, downloads: Path, peaks: Peaks) -> None:
+    """Sample the process tree under ``root_pid`` every 50 ms until it is gone."""
+    while _exists(root_pid):
+        tree = _tree(root_pid)
+        sites: dict[str, tuple[float, float]] = {}
+        for pid in tree:
+            site = _site_of(pid, tree)
+            if site is None:
+                continue
+            rss, pss = _memory_mb(pid)
+            old_rss, old_pss = sites.get(site, (0.0, 0.0))
+            sites[site] = (old_rss + rss, old_pss + pss)
+        for site, (rss, pss) in sites.items():
+            peaks.rss_mb[site] = max(peaks.rss_mb.get(site, 0.0), rss)
+            peaks.pss_mb[site] = max(peaks.pss_mb.get(site, 0.0), pss)
+        peaks.tree_rss_mb = max(peaks.tree_rss_mb, sum(rss for rss, _ in sites.values()))
+        peaks.download_dir_mb = max(peaks.download_dir_mb, _folder_mb(downloads))
+        peaks.samples += 1
+        time.sleep(SAMPLE_INTERVAL_S)
+
+
+def _tree(root_pid: int) -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of ``root_pid`` and its descendants."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        table[int(entry)] = (parent, cmdline)
+    tree, frontier = {}, [root_pid]
+    while frontier:
+        pid = frontier.pop()
+        if pid in table:
+            tree[pid] = table[pid]
+        frontier.extend(child for child, (parent, _) in table.items() if parent == pid)
+    return tree
+
+
+def _site_of(pid: int, tree: dict[int, tuple[int, str]]) -> str | None:
+    """The site a process belongs to: its own ``--site`` or its nearest ancestor's."""
+    while pid in tree:
+        parent, cmdline = tree[pid]
+        if "engine.runtime.entry" in cmdline and "--site " in cmdline:
+            return cmdline.split("--site ", 1)[1].split()[0]
+        pid = parent
+    return None
+
+
+def _memory_mb(pid: int) -> tuple[float, float]:
+    """RSS and PSS of ``pid`` in MiB (0 when it is gone)."""
+    rss = pss = 0
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Rss:"):
+                rss = int(line.split()[1])
+            elif line.startswith("Pss:"):
+                pss = int(line.split()[1])
+    except OSError:
+        pass
+    return rss / 1024, pss / 1024
+
+
+def _folder_mb(folder: Path) -> float:
+    total = 0
+    for path, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(path, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total / MIB
+
+
+def _exists(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return status.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+HEADER = (
+    "| model | clients | download_to_disk | chunk | server peak RSS | client peak RSS | tree peak RSS "
+    "| disk peak | rounds (s) | whole run | correct |"
+)
+
+
+def markdown_table(runs: list[dict[str, Any]]) -> list[str]:
+    """The runs as a markdown table (sizes in MB = 10^6 bytes, as BENCHMARK.md's figures)."""
+    lines = [HEADER, "|" + "---|" * 11]
+    lines.extend(_row(run) for run in runs)
+    return lines
+
+
+def _row(run: dict[str, Any]) -> str:
+    def gb(mib: float) -> str:
+        return f"{mib * MIB / 1e9:.2f} GB"
+
+    rounds = " / ".join(f"{s:.1f}" for s in run["round_s"]) or "-"
+    status = "yes" if run["correct"] else f"NO ({run['status']}, max error {run['max_abs_error']:.2e})"
+    return (
+        f"| {run['size_mb']} MiB | {run['clients']} | {'on' if run['download_to_disk'] else 'off'} "
+        f"| {run['chunk_mb']:g} MiB | {gb(run['server_peak_rss_mb'])} | {gb(run['client_peak_rss_mb'])} "
+        f"| {gb(run['tree_peak_rss_mb'])} | {gb(run['download_dir_peak_mb'])} | {rounds} "
+        f"| {run['seconds']:.1f} s | {status} |"
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mb", type=int, nargs="+", default=[1024], help="model sizes in MiB (default 1024)")
+    parser.add_argument("--clients", type=int, nargs="+", default=[2], help="client counts (default 2)")
+    parser.add_argument("--disk", choices=["on", "off"], nargs="+", default=["off", "on"], help="download_to_disk")
+    parser.add_argument("--chunk-mb", type=float, nargs="+", default=[2.0], help="chunk sizes in MiB (0 = inline)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per run (default 2)")
+    parser.add_argument("--out", help="write the JSON here (rewritten after every run)")
+    parser.add_argument("--keep", action="store_true", help="keep each run's job and workspace")
+    return parser
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    sys.exit(main())
