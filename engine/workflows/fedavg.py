@@ -126,13 +126,14 @@ class FedAvg(ModelController):
                 )
             update = aggregator.aggregate_model()
             model = _apply(model, update, current_round, reference, self.load_model)
+            del update  # its tensors are the new model's: held by `model` alone from here on
             self.save_model(model)
             self.context.report(
                 "round_done",
                 round=current_round,
                 total_rounds=self.num_rounds,
                 time_s=round(time.monotonic() - started, 3),
-                metrics=dict(update.metrics or {}),
+                metrics=dict(model.metrics or {}),
                 clients=sorted(accepted),
                 failed=dict(self.failures),
                 **disk_figures(area, current_round),
