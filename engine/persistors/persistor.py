@@ -52,3 +52,10 @@ class ModelPersistor(ABC):
     @abstractmethod
     def save_model(self, model: FLModel) -> Path:
         """Save ``model`` as the global model; return the file written."""
+
+    def flush(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """Return once every save is complete on disk; the runtime calls it when the workflows end.
+
+        Raises:
+            OSError: A save that finished in the background failed.
+        """

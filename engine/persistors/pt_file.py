@@ -6,7 +6,8 @@ import logging
 import math
 import numbers
 import os
-import tempfile
+import secrets
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,12 @@ import safetensors.torch
 import torch
 
 from engine.model import FLModel, ParamsType
+from engine.persistors.checkpoint_files import (
+    TEMP_SUFFIX,
+    CheckpointCommits,
+    remove_stale_temp_files,
+    write_safetensors_temp,
+)
 from engine.persistors.persistor import ModelPersistor
 
 logger = logging.getLogger(__name__)
@@ -24,8 +31,10 @@ logger = logging.getLogger(__name__)
 class PTFileModelPersistor(ModelPersistor):
     """Start from a torch module's weights (or a checkpoint); save each global model as safetensors.
 
-    Files are written to a temp file in the models folder, flushed to disk, then renamed over
-    the old one, so a crash never leaves a half-written checkpoint. Nothing is pickled.
+    Each save writes a temp file in the models folder and returns; flushing it to disk and
+    renaming it over the old file happen in the background while the workflow goes on (the next
+    save, `load_model` and `flush` wait for it). A crash never leaves a half-written checkpoint,
+    and temp files a crash left behind are deleted by `use_workspace`. Nothing is pickled.
 
     Args:
         model: The model, already built from its ``{path, args}`` config entry.
@@ -75,6 +84,22 @@ class PTFileModelPersistor(ModelPersistor):
         self._source = source_ckpt_file_full_name
         self._best: float | None = None
         self._handed_out = False
+        self._commits = CheckpointCommits()
+
+    def use_workspace(self, app_dir: Path) -> None:
+        """Save checkpoints under ``app_dir / "models"``; delete temp files a crashed run left there."""
+        super().use_workspace(app_dir)
+        for path in remove_stale_temp_files(self.models_dir, [self._global_name, self._best_name]):
+            logger.warning("deleted the temp file of a checkpoint never completed: %s", path)
+
+    def flush(self) -> None:
+        """Return once every saved checkpoint is on disk under its name.
+
+        Raises:
+            OSError: A checkpoint could not be written; the message names the file. The file
+                under that name is the previous checkpoint, intact.
+        """
+        self._commits.wait()
 
     def load_model(self) -> FLModel:
         """Return the current global model as FULL params: the last one saved, else the starting weights.
@@ -88,7 +113,9 @@ class PTFileModelPersistor(ModelPersistor):
             FileNotFoundError: ``source_ckpt_file_full_name`` names no file.
             ValueError: The checkpoint is not a safetensors file, or does not match the module.
             RuntimeError: The module's weights were handed out and no global model was saved since.
+            OSError: The last save failed (see `flush`).
         """
+        self.flush()
         saved = self._models_dir / self._global_name if self._models_dir is not None else None
         if self._handed_out and saved is not None and saved.is_file():
             return self._load_file(saved, "global model")
@@ -128,11 +155,13 @@ class PTFileModelPersistor(ModelPersistor):
             raise ValueError(f"{what}: {path} does not match the model: {shown}")
 
     def save_model(self, model: FLModel) -> Path:
-        """Write ``model.params`` to the global model file; also to the best one when it is the best so far.
+        """Write ``model.params`` as the global model; also as the best one when it is the best so far.
 
         The model is the best so far when ``model.metrics[key_metric]`` beats every earlier one
-        (is lower, with ``negate_key_metric``). Tensors are copied to contiguous CPU memory one
-        at a time; numpy arrays are converted.
+        (is lower, with ``negate_key_metric``); the best file is a second name of the same file,
+        not a second write. Tensors are copied to contiguous CPU memory one at a time; numpy
+        arrays are converted. Returns once the file is written and the tensors are no longer
+        needed; the file takes its name once it is on disk (see `flush`).
 
         Returns:
             The global model file.
@@ -141,7 +170,8 @@ class PTFileModelPersistor(ModelPersistor):
             ValueError: The model has no params, or DIFF params.
             TypeError: A param is neither a tensor nor a numpy array.
             RuntimeError: `use_workspace` was not called.
-            OSError: Writing failed; the previous file, if any, is left as it was.
+            OSError: Writing failed, now or in the previous save; the file under the global
+                model's name is left as it was.
         """
         if model.params is None:
             raise ValueError("cannot save a model without params")
@@ -151,16 +181,22 @@ class PTFileModelPersistor(ModelPersistor):
         models_dir = self.models_dir
         models_dir.mkdir(parents=True, exist_ok=True)
         path = models_dir / self._global_name
-        write_safetensors_atomic(tensors, path)
-        logger.info("global model saved: file=%s tensors=%d", path, len(tensors))
+        self.flush()  # the previous checkpoint first: renames never overtake each other
+        temp = write_safetensors_temp(tensors, path)
+        del tensors
+        moves = [(temp, path)]
         score = self._score(model.metrics)
         if score is not None and (self._best is None or score > self._best):
+            try:
+                moves.append((_second_name(temp, models_dir / self._best_name), models_dir / self._best_name))
+            except OSError:
+                temp.unlink(missing_ok=True)
+                raise
             self._best = score
-            best_path = models_dir / self._best_name
-            write_safetensors_atomic(tensors, best_path)
-            logger.info(
-                "best global model saved: file=%s %s=%s", best_path, self._key_metric, model.metrics[self._key_metric]
-            )
+            best = model.metrics[self._key_metric]
+            logger.info("best global model: file=%s %s=%s", moves[1][1], self._key_metric, best)
+        self._commits.commit(moves)
+        logger.info("global model saved: file=%s", path)
         return path
 
     def _score(self, metrics: Mapping[str, Any] | None) -> float | None:
@@ -195,34 +231,11 @@ def _savable_tensors(params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def write_safetensors_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write ``tensors`` to ``path`` as safetensors: temp file in the same folder, fsync, rename.
-
-    On any failure the temp file is removed and ``path`` is left as it was.
-    """
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+def _second_name(temp: Path, target: Path) -> Path:
+    """A temp name for ``target`` that is a hard link to ``temp`` (a copy where links are not possible)."""
+    second = target.parent / f".{target.name}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
     try:
-        safetensors.torch.save_file(tensors, temp_name)
-        with open(temp_name, "rb+") as f:
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable on POSIX; not possible (nor needed) on Windows.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
+        os.link(temp, second)
     except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        shutil.copyfile(temp, second)
+    return second

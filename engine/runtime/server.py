@@ -131,6 +131,7 @@ class ServerJob:
                 outcome = JobOutcome(JobState.FINISHED_EXECUTION_EXCEPTION, reason)
             else:
                 outcome = self._run_workflows(workflows, context)
+            outcome = _flush_components(components, outcome)
         finally:
             self.queue.end_run()
             self._wait_end_heard()
@@ -304,6 +305,25 @@ class ServerJob:
                     self.queue.client_dead(site)
             except Exception:
                 log.exception("server monitor error")
+
+
+def _flush_components(components: dict[str, Any], outcome: JobOutcome) -> JobOutcome:
+    """Let every component with a ``flush`` finish its writes (checkpoints saved in the background).
+
+    A failure makes a completed job one that ended in an exception, with the component named.
+    """
+    for component_id, component in components.items():
+        flush = getattr(component, "flush", None)
+        if not callable(flush):
+            continue
+        try:
+            flush()
+        except Exception as e:
+            log.exception("flush failed component=%s", component_id)
+            if outcome.state is JobState.FINISHED_COMPLETED:
+                reason = f"component {component_id!r} could not finish its writes: {type(e).__name__}: {e}"
+                outcome = JobOutcome(JobState.FINISHED_EXECUTION_EXCEPTION, reason, outcome.rounds)
+    return outcome
 
 
 def payload_bytes(value: Any) -> int:

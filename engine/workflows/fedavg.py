@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -84,11 +85,10 @@ class FedAvg(ModelController):
         aggregator = self._aggregator()
         model = self.load_model()
         model.total_rounds = self.num_rounds
-        self.save_model(model)  # from now on the persistor can give the global model back
         last_round = self.start_round + self.num_rounds
         for current_round in range(self.start_round, last_round):
             if self.abort_signal.is_set():
-                return
+                break  # the last round's model is still saved
             started = time.monotonic()
             clients = self.sample_clients(self.num_clients)
             needed = min(self.min_clients or len(clients), len(clients))
@@ -96,26 +96,32 @@ class FedAvg(ModelController):
             aggregator.reset_stats()
             accepted: list[str] = []
 
+            # The model this round starts from is checkpointed while the clients download it
+            # (from the first round on, the persistor can give the global model back). The
+            # first result waits for that save: the old weights are gone before results pile up.
             # While the clients train, the global weights are held by nobody here: the checks
             # need names, shapes and dtypes only, and the task lets go once every client has it.
+            saving = _BackgroundSave(self.save_model, model)
             reference = _layout_of(model.params or {})
-            accept = functools.partial(self._accept, aggregator, reference, accepted)
-
-            self.send_model_and_wait(
-                targets=clients,
-                data=FLModel(
-                    params=_take_params(model),
-                    params_type=ParamsType.FULL,
-                    current_round=current_round,
-                    total_rounds=self.num_rounds,
-                    start_round=self.start_round,
-                ),
-                release_after_send=True,
-                timeout=self.train_timeout,
-                min_responses=needed,
-                wait_time_after_min_received=self.wait_time_after_min_received,
-                callback=accept,
-            )
+            accept = functools.partial(self._accept, aggregator, reference, accepted, saving)
+            try:
+                self.send_model_and_wait(
+                    targets=clients,
+                    data=FLModel(
+                        params=_take_params(model),
+                        params_type=ParamsType.FULL,
+                        current_round=current_round,
+                        total_rounds=self.num_rounds,
+                        start_round=self.start_round,
+                    ),
+                    release_after_send=True,
+                    timeout=self.train_timeout,
+                    min_responses=needed,
+                    wait_time_after_min_received=self.wait_time_after_min_received,
+                    callback=accept,
+                )
+            finally:
+                saving.wait()
             if self.abort_signal.is_set():
                 return
             if len(accepted) < needed:
@@ -127,7 +133,6 @@ class FedAvg(ModelController):
             update = aggregator.aggregate_model()
             model = _apply(model, update, current_round, reference, self.load_model)
             del update  # its tensors are the new model's: held by `model` alone from here on
-            self.save_model(model)
             self.context.report(
                 "round_done",
                 round=current_round,
@@ -138,12 +143,19 @@ class FedAvg(ModelController):
                 failed=dict(self.failures),
                 **disk_figures(area, current_round),
             )
+        self.save_model(model)
 
     @staticmethod
     def _accept(
-        aggregator: ModelAggregator, reference: dict[str, Any], accepted: list[str], result: FLModel, client: str
+        aggregator: ModelAggregator,
+        reference: dict[str, Any],
+        accepted: list[str],
+        saving: _BackgroundSave,
+        result: FLModel,
+        client: str,
     ) -> None:
         """Check one result against the global model and fold it into the round's sum."""
+        saving.join()  # its failure is the workflow's to raise, not this result's
         params = result.params or {}
         if result.params_type is ParamsType.DIFF:  # a difference may leave names out
             reference = {name: value for name, value in reference.items() if name in params}
@@ -155,6 +167,32 @@ class FedAvg(ModelController):
         if self.aggregator_id is None:
             return WeightedModelAggregator(aggregation_weights=self.aggregation_weights)
         return self.context.get_component(self.aggregator_id, ModelAggregator, key="aggregator_id")
+
+
+class _BackgroundSave:
+    """``save(model)`` in a thread of its own, so the clients download the model meanwhile."""
+
+    def __init__(self, save: Callable[[FLModel], None], model: FLModel) -> None:
+        self._error: BaseException | None = None
+        snapshot = FLModel(params=model.params, params_type=model.params_type, metrics=model.metrics, meta=model.meta)
+        self._thread = threading.Thread(target=self._run, args=(save, snapshot), name="fedavg-save", daemon=True)
+        self._thread.start()
+
+    def _run(self, save: Callable[[FLModel], None], model: FLModel) -> None:
+        try:
+            save(model)
+        except BaseException as e:  # noqa: BLE001 - raised by wait() in the workflow's thread
+            self._error = e
+
+    def join(self) -> None:
+        """Return once the save is over (written or failed)."""
+        self._thread.join()
+
+    def wait(self) -> None:
+        """Return once the save is over; raise its error if it failed."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _layout_of(params: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import safetensors.torch
 import torch
 
 from engine.model import FLModel, ParamsType
-from engine.persistors import ModelPersistor, PTFileModelPersistor
+from engine.persistors import ModelPersistor, PTFileModelPersistor, checkpoint_files
 
 
 class Net(torch.nn.Module):
@@ -53,6 +54,7 @@ def test_save_writes_safetensors_that_load_bitwise_equal(persistor: PTFileModelP
     saved = params()
 
     path = persistor.save_model(FLModel(params=saved))
+    persistor.flush()
 
     assert path == tmp_path / "app" / "models" / "global.safetensors"
     assert_bitwise_equal(safetensors.torch.load_file(path), saved)
@@ -60,6 +62,7 @@ def test_save_writes_safetensors_that_load_bitwise_equal(persistor: PTFileModelP
 
 def test_saved_file_is_safetensors_not_pickle(persistor: PTFileModelPersistor) -> None:
     path = persistor.save_model(FLModel(params=params()))
+    persistor.flush()
 
     raw = path.read_bytes()
     (header_size,) = struct.unpack("<Q", raw[:8])
@@ -78,6 +81,7 @@ def test_numpy_and_non_contiguous_params_are_saved(persistor: PTFileModelPersist
     }
 
     path = persistor.save_model(FLModel(params=saved))
+    persistor.flush()
 
     loaded = safetensors.torch.load_file(path)
     assert_bitwise_equal(
@@ -90,6 +94,7 @@ def test_tensors_sharing_memory_are_saved_separately(persistor: PTFileModelPersi
     saved = {"encoder.weight": weight, "decoder.weight": weight, "view": weight.view(12)}
 
     path = persistor.save_model(FLModel(params=saved))
+    persistor.flush()
 
     assert_bitwise_equal(safetensors.torch.load_file(path), {k: v.clone() for k, v in saved.items()})
     assert weight.untyped_storage().data_ptr() == saved["encoder.weight"].untyped_storage().data_ptr()
@@ -138,6 +143,7 @@ def test_load_model_reads_the_source_checkpoint(tmp_path: Path) -> None:
 def test_round_trip_through_the_source_checkpoint(persistor: PTFileModelPersistor, tmp_path: Path) -> None:
     trained = {name: t + 1 for name, t in Net().state_dict().items()}
     path = persistor.save_model(FLModel(params=trained))
+    persistor.flush()
 
     model = PTFileModelPersistor(model=Net(), source_ckpt_file_full_name=str(path)).load_model()
 
@@ -177,6 +183,7 @@ def test_failed_write_leaves_old_file_and_no_temp_file(
     persistor: PTFileModelPersistor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = persistor.save_model(FLModel(params=params(1)))
+    persistor.flush()
     before = first.read_bytes()
 
     def half_write(tensors: dict[str, torch.Tensor], filename: str) -> None:
@@ -198,10 +205,13 @@ def test_failed_rename_leaves_no_temp_file(persistor: PTFileModelPersistor, monk
 
     monkeypatch.setattr("os.replace", refuse)
 
-    with pytest.raises(PermissionError, match="read-only"):
-        persistor.save_model(FLModel(params=params()))
+    persistor.save_model(FLModel(params=params()))  # renamed in the background: the error comes later
+
+    with pytest.raises(OSError, match=r"checkpoint .*global.safetensors was not saved: read-only"):
+        persistor.flush()
 
     assert list(persistor.models_dir.iterdir()) == []
+    persistor.flush()  # reported once
 
 
 @pytest.mark.parametrize(
@@ -244,6 +254,7 @@ def test_best_model_by_key_metric(tmp_path: Path, negate: bool, scores: list[flo
 
     for saved, score in zip(rounds, scores, strict=True):
         persistor.save_model(FLModel(params=saved, metrics=None if score is None else {"score": score}))
+    persistor.flush()
 
     assert_bitwise_equal(
         safetensors.torch.load_file(tmp_path / "models" / "best_global.safetensors"), rounds[best_index]
@@ -253,6 +264,7 @@ def test_best_model_by_key_metric(tmp_path: Path, negate: bool, scores: list[flo
 
 def test_no_key_metric_writes_no_best_model(persistor: PTFileModelPersistor) -> None:
     persistor.save_model(FLModel(params=params(), metrics={"loss": 0.1}))
+    persistor.flush()
 
     assert [p.name for p in persistor.models_dir.iterdir()] == ["global.safetensors"]
 
@@ -292,3 +304,75 @@ def test_bad_arguments_are_refused(kwargs: dict, error: type[Exception], match: 
 
 def test_is_a_model_persistor() -> None:
     assert isinstance(PTFileModelPersistor(model=Net()), ModelPersistor)
+
+
+def test_save_returns_before_the_disk_has_it_and_load_waits_for_it(
+    persistor: PTFileModelPersistor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk_ready = threading.Event()
+    real_fsync = checkpoint_files._fsync_file
+
+    def slow_disk(path: Path) -> None:
+        disk_ready.wait(10)
+        real_fsync(path)
+
+    monkeypatch.setattr(checkpoint_files, "_fsync_file", slow_disk)
+    saved = {name: torch.full_like(t, 3.0) for name, t in persistor.load_model().params.items()}
+
+    path = persistor.save_model(FLModel(params=saved))
+
+    assert not path.exists()  # written, waiting for the disk: the workflow went on meanwhile
+    threading.Timer(0.2, disk_ready.set).start()
+    assert_bitwise_equal(persistor.load_model().params, saved)  # waited for the commit
+    assert [p.name for p in path.parent.iterdir()] == ["global.safetensors"]
+
+
+def test_a_failed_commit_fails_the_next_save_and_leaves_the_old_file(
+    persistor: PTFileModelPersistor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = persistor.save_model(FLModel(params=params(1)))
+    persistor.flush()
+    before = first.read_bytes()
+
+    def refuse(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.replace", refuse)
+    persistor.save_model(FLModel(params=params(2)))
+
+    with pytest.raises(OSError, match="global.safetensors was not saved: No space left on device"):
+        persistor.save_model(FLModel(params=params(3)))
+    monkeypatch.undo()
+    assert first.read_bytes() == before
+    assert [p.name for p in first.parent.iterdir()] == ["global.safetensors"]
+    persistor.save_model(FLModel(params=params(4)))  # the error was reported; saving works again
+    persistor.flush()
+    assert_bitwise_equal(safetensors.torch.load_file(first), params(4))
+
+
+def test_the_best_model_is_a_second_name_of_the_same_file(tmp_path: Path) -> None:
+    persistor = PTFileModelPersistor(model=Net(), key_metric="score")
+    persistor.use_workspace(tmp_path)
+    persistor.save_model(FLModel(params=params(1), metrics={"score": 0.9}))
+    persistor.flush()
+    best, latest = tmp_path / "models" / "best_global.safetensors", tmp_path / "models" / "global.safetensors"
+    assert best.stat().st_ino == latest.stat().st_ino  # written once
+
+    persistor.save_model(FLModel(params=params(2), metrics={"score": 0.5}))
+    persistor.flush()
+
+    assert_bitwise_equal(safetensors.torch.load_file(best), params(1))
+    assert_bitwise_equal(safetensors.torch.load_file(latest), params(2))
+
+
+def test_use_workspace_deletes_the_temp_files_a_crash_left(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    left = [models / ".global.safetensors.k2j4.tmp", models / ".best_global.safetensors.9x.tmp"]
+    kept = [models / "global.safetensors", models / ".other.safetensors.1.tmp", models / "notes.txt"]
+    for path in left + kept:
+        path.write_bytes(b"x")
+
+    PTFileModelPersistor(model=Net()).use_workspace(tmp_path)
+
+    assert sorted(models.iterdir()) == sorted(kept)

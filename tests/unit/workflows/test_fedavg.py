@@ -87,7 +87,10 @@ def test_full_results_average_and_the_global_weights_are_let_go_while_clients_tr
     watched = weakref.ref(model_from_shareable(first.data).params["fc.weight"])
     first_id, second_id = first.task_id, second.task_id
     del first, second  # the runtime has encoded the task for both and let go of it
-    gc.collect()
+    deadline = time.monotonic() + 5  # the checkpoint is written meanwhile, then let go too
+    while watched() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
     assert watched() is None  # nobody on the server holds the round's global weights now
 
     queue.submit("site-1", first_id, reply({"fc.weight": torch.full((3, 4), 2.0), "fc.bias": torch.zeros(3)}, 1))
@@ -127,3 +130,19 @@ def test_a_result_that_does_not_fit_the_model_is_refused(run) -> None:
     assert thread.errors == []  # type: ignore[attr-defined]
     assert torch.equal(persistor.load_model().params["fc.weight"], torch.zeros(3, 4))
     assert "'fc.weight': shape (2, 2), expected (3, 4)" in thread.workflow.failures["site-1"]  # type: ignore[attr-defined]
+
+
+def test_an_abort_in_the_next_round_keeps_the_last_rounds_model(run) -> None:
+    queue, persistor, thread = run(num_rounds=3)
+
+    first, second = next_task(queue, "site-1"), next_task(queue, "site-2")
+    queue.submit("site-1", first.task_id, reply({"fc.weight": torch.full((3, 4), 2.0), "fc.bias": torch.zeros(3)}, 1))
+    queue.submit("site-2", second.task_id, reply({"fc.weight": torch.full((3, 4), 5.0), "fc.bias": torch.ones(3)}, 2))
+    next_task(queue, "site-1")  # the second round has begun
+    thread.workflow.abort_signal.set()  # type: ignore[attr-defined]
+    queue.cancel_all()
+    thread.join(10)
+
+    assert not thread.is_alive()
+    assert thread.errors == []  # type: ignore[attr-defined]
+    assert torch.allclose(persistor.load_model().params["fc.weight"], torch.full((3, 4), 4.0))

@@ -26,7 +26,10 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(table[:, :-1] / 16.0), torch.from_numpy(table[:, -1].astype(np.int64))
 
 
-def load_split(shard: int, num_shards: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+Split = tuple[torch.Tensor, torch.Tensor]
+
+
+def load_split(shard: int, num_shards: int) -> tuple[Split, Split]:
     """``((train_x, train_y), (val_x, val_y))`` of one shard (0-based) of ``num_shards``."""
     images, labels = load_digits()
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(SEED))
