@@ -111,3 +111,10 @@ class CellProtocolError(CellError):
     Raised only inside the cells layer while decoding; the I/O thread answers it with an error
     status or counts and logs it, and never lets it escape.
     """
+
+
+class WorkflowError(FlengineError):
+    """A workflow cannot go on: a client reported an error, progress stalled, too few clients are left.
+
+    The message is the job's reason, so it names the client, the round and the setting involved.
+    """

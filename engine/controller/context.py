@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from engine.model.ccwf import WorkflowStatus
+
 T = TypeVar("T")
 
 
@@ -25,6 +27,14 @@ class DiskDownloadArea(Protocol):
         """Bytes of downloaded files in the folder now."""
 
 
+@dataclass(frozen=True)
+class ReceivedStatus:
+    """A client's status report and when it arrived (``time.monotonic()`` on the server)."""
+
+    received: float
+    status: WorkflowStatus
+
+
 @dataclass
 class JobContext:
     """The job around a workflow, given to it by the server runtime before ``run()``.
@@ -39,6 +49,9 @@ class JobContext:
         settings: The server config's engine settings (streaming chunk sizes and timeouts).
         disk_downloads: The runtime's switch for downloads to disk (see `downloads_to_disk`);
             None where the runtime has none.
+        status_reports: The clients' latest status reports of a client-controlled workflow
+            (see `client_status`); None where the runtime has none.
+        dead_clients: The clients the runtime found dead (no heartbeats); None where it has none.
     """
 
     job_id: str = "job"
@@ -47,6 +60,16 @@ class JobContext:
     report: Callable[..., None] = _ignore
     settings: Mapping[str, Any] = field(default_factory=dict)
     disk_downloads: Callable[[Path | None], AbstractContextManager[DiskDownloadArea]] | None = None
+    status_reports: Callable[[str], Mapping[str, ReceivedStatus]] | None = None
+    dead_clients: Callable[[], set[str]] | None = None
+
+    def client_status(self, workflow: str) -> dict[str, ReceivedStatus]:
+        """The latest status report of each client for ``workflow`` (a task name prefix), by site."""
+        return {} if self.status_reports is None else dict(self.status_reports(workflow))
+
+    def dead(self) -> set[str]:
+        """The clients that stopped answering heartbeats."""
+        return set() if self.dead_clients is None else set(self.dead_clients())
 
     def downloads_to_disk(self, folder: Path | None = None) -> AbstractContextManager[DiskDownloadArea]:
         """A ``with`` block inside which the tensors of received results go to disk first.

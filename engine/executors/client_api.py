@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ from engine.model import (
     shareable_from_model,
 )
 from engine.streaming.codec import MessageCodec
+from engine.streaming.lazy import LazyRef
 from engine.streaming.service import DownloadService
 from engine.streaming.via_downloader import StreamingContext
 
@@ -91,6 +93,7 @@ class ClientAPIExecutor(Executor):
         self._exchange = TaskExchange()
         self._failure: str | None = None
         self._runner: _ScriptRunner | None = None
+        self._one_task_at_a_time = threading.Lock()
 
     def initialize(self, context: ExecutorContext) -> None:
         script = Path(self.task_script_path)
@@ -106,6 +109,11 @@ class ClientAPIExecutor(Executor):
         self._runner.start()
 
     def execute(self, task_name: str, shareable: Shareable, abort_signal: threading.Event) -> Shareable:
+        """Hand the task to the script and return its result; tasks from several threads take turns."""
+        with self._one_task_at_a_time:
+            return self._execute(task_name, shareable, abort_signal)
+
+    def _execute(self, task_name: str, shareable: Shareable, abort_signal: threading.Event) -> Shareable:
         if self._runner is None:
             return _failed(ReturnCode.EXECUTION_EXCEPTION, "the executor was not initialised")
         problem = self._runner.failure()
@@ -147,7 +155,13 @@ class ClientAPIExecutor(Executor):
 
 
 def _task_model(shareable: Shareable) -> FLModel:
+    """The task's model as the script gets it: tensors in memory, even where they came to disk."""
     model = model_from_shareable(shareable)
+    if model.params and any(isinstance(value, LazyRef) for value in model.params.values()):
+        # Read one tensor at a time into a new dict: the task data keeps its lazy refs (and its
+        # files) for whoever else holds them, e.g. a Swarm aggregator's copy of the round's model.
+        params = {name: value.resolve() if isinstance(value, LazyRef) else value for name, value in model.params.items()}
+        model = dataclasses.replace(model, params=params)
     if model.current_round is None:
         model.current_round = shareable.get_header(ReservedHeaderKey.CURRENT_ROUND)
     if model.total_rounds is None:

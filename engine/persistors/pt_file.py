@@ -84,6 +84,7 @@ class PTFileModelPersistor(ModelPersistor):
         self._source = source_ckpt_file_full_name
         self._best: float | None = None
         self._handed_out = False
+        self._saved = False  # a global model was saved by this run
         self._commits = CheckpointCommits()
 
     def use_workspace(self, app_dir: Path) -> None:
@@ -117,7 +118,7 @@ class PTFileModelPersistor(ModelPersistor):
         """
         self.flush()
         saved = self._models_dir / self._global_name if self._models_dir is not None else None
-        if self._handed_out and saved is not None and saved.is_file():
+        if (self._handed_out or self._saved) and saved is not None and saved.is_file():
             return self._load_file(saved, "global model")
         if self._source is None:
             if self._handed_out:
@@ -196,6 +197,7 @@ class PTFileModelPersistor(ModelPersistor):
             best = model.metrics[self._key_metric]
             logger.info("best global model: file=%s %s=%s", moves[1][1], self._key_metric, best)
         self._commits.commit(moves)
+        self._saved = True
         logger.info("global model saved: file=%s", path)
         return path
 

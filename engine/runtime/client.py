@@ -8,10 +8,13 @@ server cannot be reached it keeps asking (the cell reconnects) for ``server_sile
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +25,18 @@ from engine.executors.client_api import REASON_HEADER
 from engine.executors.executor import ExecutorContext
 from engine.fobs import default_registry
 from engine.model import ReservedHeaderKey, ReturnCode, Shareable, make_reply
+from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
 from engine.runtime import protocol
-from engine.runtime.assembly import FilterChains, FilterError, build_executors, route_task, streaming_settings
+from engine.runtime.assembly import (
+    FilterChains,
+    FilterError,
+    build_entries,
+    build_executors,
+    route_task,
+    streaming_settings,
+)
 from engine.streaming.codec import MessageCodec
+from engine.streaming.disk import DiskDownloads
 from engine.streaming.service import DownloadService
 from engine.streaming.via_downloader import StreamingContext
 
@@ -32,6 +44,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds a client keeps trying to reach a server that does not answer before it gives up.
 DEFAULT_SERVER_SILENCE_LIMIT_S = 60.0
+#: Where downloads to disk go by default, under the client's workspace folder.
+DEFAULT_DOWNLOADS_FOLDER = "downloads"
 
 
 class ClientJob:
@@ -75,6 +89,10 @@ class ClientJob:
         if self.app.custom_dir is not None and self.app.custom_dir.is_dir():
             sys.path.insert(0, str(self.app.custom_dir.resolve()))
         self.settings = streaming_settings(config)
+        components = build_entries(document, "components")
+        for component in components.values():
+            if callable(getattr(component, "use_workspace", None)):
+                component.use_workspace(self.workspace)
         routes = build_executors(document)
         data_filters = FilterChains.build(document, "task_data_filters")
         result_filters = FilterChains.build(document, "task_result_filters")
@@ -83,7 +101,20 @@ class ClientJob:
         self.cell.wait_connected(cell_settings.heartbeat_timeout_s)  # else the pull loop retries
         service = DownloadService(self.cell)
         self.codec = MessageCodec(default_registry(), StreamingContext.from_config(self.cell, service, self.settings))
-        context = ExecutorContext(self.site, self.job_id, self.workspace, self.app.custom_dir, dict(self.settings))
+        self._current_round = None
+        context = ExecutorContext(
+            self.site,
+            self.job_id,
+            self.workspace,
+            self.app.custom_dir,
+            dict(self.settings),
+            components=components,
+            cell=self.cell,
+            codec=self.codec,
+            run_task=lambda name, data, abort: self._run_local_task(name, data, abort, routes, data_filters, result_filters),
+            report_status=self._report_status,
+            downloads_to_disk=self._downloads_to_disk,
+        )
         started = []
         try:
             for route in routes:
@@ -96,9 +127,73 @@ class ClientJob:
                     executor.finalize()
                 except Exception:
                     log.exception("executor finalize failed executor=%s", type(executor).__name__)
+            for component_id, component in components.items():
+                try:
+                    if callable(getattr(component, "flush", None)):
+                        component.flush()
+                except Exception:
+                    log.exception("component could not finish its writes component=%s", component_id)
             self.chunks_served = service.chunks_served
             service.close()
             self.cell.stop()
+
+    def _run_local_task(
+        self,
+        task_name: str,
+        data: Shareable,
+        abort_signal: threading.Event,
+        routes: list[Any],
+        data_filters: FilterChains,
+        result_filters: FilterChains,
+    ) -> Shareable:
+        """Run a task that did not come from the server (a peer's, or a controller's own) on this client."""
+        data.set_header(ReservedHeaderKey.TASK_NAME, task_name)
+        result = self._dispatch(task_name, data, abort_signal, routes, data_filters)
+        try:
+            return result_filters.apply(task_name, result, self.site)
+        except FilterError as e:
+            return _failed(ReturnCode.EXECUTION_EXCEPTION, str(e))
+
+    def _dispatch(
+        self,
+        task_name: str,
+        data: Shareable,
+        abort_signal: threading.Event,
+        routes: list[Any],
+        data_filters: FilterChains,
+    ) -> Shareable:
+        """Run ``data`` through the data filters and the executor ``task_name`` routes to."""
+        executor = route_task(routes, task_name)
+        if executor is None:
+            return _failed(ReturnCode.TASK_UNKNOWN, f"no executor of {self.site} handles task {task_name!r}")
+        try:
+            data = data_filters.apply(task_name, data, self.site)
+            return executor.execute(task_name, data, abort_signal)
+        except FilterError as e:
+            return _failed(ReturnCode.BAD_TASK_DATA, str(e))
+        except Exception as e:
+            log.exception("executor failed task=%s", task_name)
+            return _failed(ReturnCode.EXECUTION_EXCEPTION, f"{type(e).__name__}: {e}")
+
+    def _report_status(self, status: WorkflowStatus) -> None:
+        try:
+            self.cell.send("server", CCWF_CHANNEL, TOPIC_STATUS, header=status.to_header())
+        except CellError as e:
+            log.warning("status report not sent: %s", e)
+
+    @contextlib.contextmanager
+    def _downloads_to_disk(self, folder: Path | None) -> Iterator[DiskDownloads]:
+        """The tensors this client receives download to disk (lazy refs) inside the block."""
+        root = self.workspace / DEFAULT_DOWNLOADS_FOLDER if folder is None else self.workspace / Path(folder)
+        downloads = DiskDownloads(root)
+        downloads.open()
+        previous = self.codec.context
+        self.codec.context = dataclasses.replace(previous, consumer_factory=downloads.consumer_factory())
+        try:
+            yield downloads
+        finally:
+            self.codec.context = previous
+            downloads.close()
 
     def _pull_loop(self, routes: list[Any], data_filters: FilterChains, result_filters: FilterChains) -> None:
         last_heard = time.monotonic()
@@ -163,17 +258,7 @@ class ClientJob:
         data.set_header(ReservedHeaderKey.TASK_NAME, task_name)
         data.set_header(ReservedHeaderKey.TASK_ID, task_id)
         self._current_round = data.get_header(ReservedHeaderKey.CURRENT_ROUND)
-        executor = route_task(routes, task_name)
-        if executor is None:
-            return _failed(ReturnCode.TASK_UNKNOWN, f"no executor of {self.site} handles task {task_name!r}")
-        try:
-            data = data_filters.apply(task_name, data, self.site)
-            return executor.execute(task_name, data, self.abort_signal)
-        except FilterError as e:
-            return _failed(ReturnCode.BAD_TASK_DATA, str(e))
-        except Exception as e:
-            log.exception("executor failed task=%s", task_name)
-            return _failed(ReturnCode.EXECUTION_EXCEPTION, f"{type(e).__name__}: {e}")
+        return self._dispatch(task_name, data, self.abort_signal, routes, data_filters)
 
     def _submit(self, task_name: str, task_id: str, result: Shareable) -> None:
         frames = self.codec.encode(result, receivers=["server"])

@@ -13,6 +13,7 @@ class ProgressPrinter:
         self.clients = clients
         self.round = "?"
         self.total = "?"
+        self.workflow = ""
         self._noted: set[str] = set()
 
     def line(self, text: str) -> None:
@@ -31,19 +32,25 @@ class ProgressPrinter:
             handler(event)
 
     def _prefix(self) -> str:
+        if self.round == "?" and self.total == "?" and self.workflow:
+            return f"[{self.workflow}]"
         return f"[round {self.round}/{self.total}]"
 
     def _on_listening(self, event: dict[str, Any]) -> None:
         self.line(f"server listening on {event['endpoint']}; starting {', '.join(self.clients)}")
 
     def _on_workflow_started(self, event: dict[str, Any]) -> None:
+        self.round, self.total, self.workflow = "?", "?", str(event["workflow"])
         self.line(f"workflow {event['workflow']} started")
 
     def _on_round_started(self, event: dict[str, Any]) -> None:
         self.round = event.get("round", 0) + 1 if isinstance(event.get("round"), int) else "?"
         self.total = event.get("total_rounds", "?")
-        targets = event.get("clients") or []
-        self.line(f"{self._prefix()} sending the model to {', '.join(targets) or 'the clients'}")
+        targets = event.get("clients")
+        if targets is None or targets:
+            self.line(f"{self._prefix()} sending the model to {', '.join(targets or []) or 'the clients'}")
+        else:  # clients pass the model among themselves (Swarm)
+            self.line(f"{self._prefix()} started")
 
     def _on_task_sent(self, event: dict[str, Any]) -> None:
         self.line(f"{self._prefix()} {event['site']}: {event['task']} started")
@@ -61,8 +68,11 @@ class ProgressPrinter:
     def _on_round_done(self, event: dict[str, Any]) -> None:
         metrics = _format_metrics(event.get("metrics") or {})
         clients = event.get("clients") or []
+        prefix = self._prefix()
+        if isinstance(event.get("round"), int) and self.total != "?":
+            prefix = f"[round {event['round'] + 1}/{self.total}]"
         self.line(
-            f"{self._prefix()} done in {event.get('time_s', 0):.2f} s, "
+            f"{prefix} done in {event.get('time_s', 0):.2f} s, "
             f"{len(clients)} result{'s' if len(clients) != 1 else ''}{': ' + metrics if metrics else ''}"
         )
 
@@ -88,12 +98,36 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
     for site, entry in summary.get("processes", {}).items():
         rss = entry.get("peak_rss_mb")
         lines.append(f"{site:<8}  {rss if rss is not None else '-':>14}  {entry.get('exit_code')}")
+    lines += cross_site_table(summary.get("cross_site_val") or {})
     reason = f" ({summary['reason']})" if summary.get("reason") else ""
     lines += [
         "",
         f"{summary.get('status')}{reason} in {summary.get('seconds', 0):.1f} s",
         f"workspace: {summary.get('workspace')}",
     ]
+    return lines
+
+
+def cross_site_table(matrix: dict[str, dict[str, Any]]) -> list[str]:
+    """Cross-site evaluation as a table: a row per evaluator, a column per model, one metric per cell.
+
+    A cell shows the first metric the evaluator reported (or ``error``); the file beside the
+    summary holds every metric and every reason.
+    """
+    if not matrix:
+        return []
+    models = sorted({model for row in matrix.values() for model in row})
+    width = max(12, *(len(model) for model in models))
+    first = next((key for row in matrix.values() for cell in row.values() for key in cell if key != "error"), "")
+    lines = ["", f"cross-site evaluation ({first or 'metric'}; rows: evaluators, columns: models)"]
+    lines.append(f"{'':<8}  " + "  ".join(f"{model:>{width}}" for model in models))
+    for site in sorted(matrix):
+        cells = []
+        for model in models:
+            cell = matrix[site].get(model, {})
+            value = cell.get(first) if first in cell else ("error" if "error" in cell else "-")
+            cells.append(f"{value:>{width}.4f}" if isinstance(value, float) else f"{value!s:>{width}}")
+        lines.append(f"{site:<8}  " + "  ".join(cells))
     return lines
 
 

@@ -26,9 +26,10 @@ import torch
 from engine.cells import Cell, CellSettings, Message, Reply, Status
 from engine.config import Job
 from engine.controller import Controller, SubmitOutcome, TaskQueue
-from engine.controller.context import JobContext
+from engine.controller.context import JobContext, ReceivedStatus
 from engine.fobs import default_registry
 from engine.model import DXO, FLModel, ReservedHeaderKey, Shareable
+from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
 from engine.runtime import protocol
 from engine.runtime.assembly import FilterChains, build_entries, streaming_settings
 from engine.runtime.states import JobState
@@ -89,6 +90,7 @@ class ServerJob:
         self._task_frames: dict[int, tuple[Any, list[Any]]] = {}
         self._stopped = threading.Event()
         self._memory_slot = threading.Lock()
+        self._status: dict[str, dict[str, ReceivedStatus]] = {}
         self.chunks_served = 0
 
     def report(self, event: str, **fields: Any) -> None:
@@ -118,11 +120,19 @@ class ServerJob:
         self.queue = TaskQueue(self.clients)
         self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, self._on_get_task)
         self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_SUBMIT, self._on_submit)
+        self.cell.register_handler(CCWF_CHANNEL, TOPIC_STATUS, self._on_status)
         monitor = threading.Thread(target=self._monitor, name="server-monitor", daemon=True)
         monitor.start()
         self.report("listening", endpoint=self.cell.endpoint)
         context = JobContext(
-            self.job_id, self.workspace, components, self.report, settings, disk_downloads=self._downloads_to_disk
+            self.job_id,
+            self.workspace,
+            components,
+            self.report,
+            settings,
+            disk_downloads=self._downloads_to_disk,
+            status_reports=self._status_reports,
+            dead_clients=self._dead_clients,
         )
         try:
             missing = self._wait_clients_ready(CLIENTS_READY_TIMEOUT_S)
@@ -256,6 +266,26 @@ class ServerJob:
                 entry = (task, self.codec.encode(assignment.data, receivers=receivers))
                 self._task_frames[id(task)] = entry
         return entry[1]
+
+    def _on_status(self, message: Message) -> None:
+        """A client's status in a client-controlled workflow (fire and forget: nothing to answer)."""
+        site = message.source.split(".", 1)[0]
+        try:
+            status = WorkflowStatus.from_header(dict(message.header))
+        except ValueError as e:
+            log.warning("status report of %s ignored: %s", site, e)
+            return None
+        with self._lock:
+            self._status.setdefault(status.workflow, {})[site] = ReceivedStatus(time.monotonic(), status)
+        return None
+
+    def _status_reports(self, workflow: str) -> dict[str, ReceivedStatus]:
+        with self._lock:
+            return dict(self._status.get(workflow, {}))
+
+    def _dead_clients(self) -> set[str]:
+        with self._lock:
+            return set(self._dead)
 
     def _on_submit(self, message: Message) -> Reply:
         # In memory, one result is pulled and aggregated at a time, so the server holds at most

@@ -9,6 +9,7 @@ and prints a summary table.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import subprocess
@@ -27,7 +28,11 @@ from engine.runtime.process import LOG_FILE, PROCESS_FILE
 from engine.runtime.progress import ProgressPrinter, summary_table
 from engine.runtime.states import JobState
 
+log = logging.getLogger(__name__)
+
 SUMMARY_FILE = "summary.json"
+#: The cross-site evaluation matrix a workflow may leave in the server's folder.
+CROSS_SITE_FILE = "cross_site_val.json"
 #: Seconds to wait for the server to report its endpoint.
 STARTUP_TIMEOUT_S = 60.0
 #: Seconds processes get to exit by themselves before they are terminated, then killed.
@@ -291,6 +296,12 @@ class _Run:
             "rounds": rounds,
             "processes": processes,
         }
+        matrix_file = self.folder / "server" / CROSS_SITE_FILE
+        if matrix_file.is_file():
+            try:
+                summary["cross_site_val"] = json.loads(matrix_file.read_text(encoding="utf-8"))
+            except ValueError:
+                log.warning("unreadable cross-site evaluation file: %s", matrix_file)
         (self.folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
         return summary
 

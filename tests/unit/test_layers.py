@@ -24,7 +24,7 @@ ALLOWED = {
     "filters": {"errors", "model"},
     "workflows": {"errors", "model", "controller", "aggregators", "persistors", "filters"},
     "client": {"errors", "fobs", "cells", "streaming", "model"},
-    "executors": {"errors", "fobs", "cells", "streaming", "model", "client"},
+    "executors": {"errors", "fobs", "cells", "streaming", "model", "client", "aggregators", "persistors"},
     "runtime": {
         "errors",
         "config",

@@ -1,8 +1,10 @@
-"""Training script of jobs/fedavg: trains the received model on this site's shard with the Client API.
+"""Training script of the digits jobs: trains the received model on this site's shard with the Client API.
 
-Each task: load the received weights, report the received (global) model's validation accuracy,
-train ``--epochs`` epochs, and send the weights back with the number of steps (the FedAvg weight)
-and the trained model's validation accuracy.
+``train`` (any task but the two below): load the received weights, report the received (global)
+model's validation accuracy, train ``--epochs`` epochs, and send the weights back with the number
+of steps (the FedAvg weight) and the trained model's validation accuracy. ``validate``: send the
+received model's accuracy on this site's part of the validation set (cross-site evaluation: each
+site judges with data of its own). ``submit_model``: send this site's own model as last trained.
 """
 
 from __future__ import annotations
@@ -58,6 +60,15 @@ def main() -> None:
         received = flare.receive()
         if received is None:
             break
+        if flare.get_task_name() == "submit_model":
+            flare.send(FLModel(params={name: t.detach().clone() for name, t in net.state_dict().items()}))
+            continue
+        if flare.is_evaluate():
+            evaluated = Net(hidden=args.hidden)
+            evaluated.load_state_dict(received.params)
+            mine = slice(site_index, None, args.num_shards)
+            flare.send(FLModel(metrics={"accuracy": accuracy(evaluated, val_x[mine], val_y[mine])}))
+            continue
         net.load_state_dict(received.params)
         global_accuracy = accuracy(net, val_x, val_y)
         steps = train(net, train_x, train_y, args)

@@ -1,0 +1,506 @@
+"""`SwarmClientController`: a client's part of Swarm learning.
+
+Each round the trainers train the round's model and hand their results to the round's
+aggregation client, which folds them into a weighted sum as they arrive, applies the aggregate,
+saves it, and starts the next round with another aggregation client; after the last round the
+final model goes to the result clients. Messages go client to client over the cells (routed
+through the server cell); tensors are pulled by whoever receives them, from the client that has
+them, with the job's chunk sizes. The server never holds a model.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from engine.aggregators import Aggregator
+from engine.cells import Message, Reply, Status
+from engine.errors import CellError, CellRemoteError
+from engine.executors.ccwf.client_side import ClientSideController
+from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable
+from engine.model.ccwf import CCWF_CHANNEL
+from engine.persistors import ModelPersistor
+from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
+
+log = logging.getLogger(__name__)
+
+#: Task name prefix of Swarm learning (the server side's).
+SWARM_PREFIX = "swarm"
+#: Peer topics (after ``<prefix>_``): the round's model to a trainer or the aggregation client,
+#: a trainer's result to the aggregation client, the final model to a result client.
+LEARN, RESULT, FINAL = "learn", "result", "final"
+#: Default bound on a round at its aggregation client, in seconds.
+DEFAULT_LEARN_TASK_TIMEOUT_S = 3600.0
+#: Concurrent result downloads of an aggregation client that downloads to disk.
+DISK_PULLS = 8
+
+
+class SwarmClientController(ClientSideController):
+    """Trains, aggregates and passes the model on, as the round requires; route ``swarm_*`` to it.
+
+    Args:
+        learn_task_name: The task this client's trainer executor runs (``train``).
+        persistor_id: Component that loads the initial model (starting client) and saves each
+            aggregated and the final model.
+        shareable_generator_id: Component that turns a model into task data and applies an
+            aggregate (``engine.workflows.FullModelShareableGenerator``).
+        aggregator_id: Component that folds results into the round's weighted sum
+            (``engine.aggregators.DXOAggregator``).
+        min_responses_required: Results a round needs at its aggregation client.
+        wait_time_after_min_resps_received: Seconds to wait for more results once that many
+            arrived.
+        learn_task_timeout: Seconds a round may take at its aggregation client (None: 3600).
+        learn_task_ack_timeout: Seconds a peer has to take the round's model (it acknowledges,
+            then pulls the tensors).
+        final_result_ack_timeout: Seconds a result client has to pull and save the final model.
+        max_concurrent_submissions: Results an aggregation client pulls at once in memory
+            (each is a model's worth of memory); with ``download_to_disk`` they all go at once.
+        request_to_submit_result_msg_timeout: Seconds a trainer waits for the aggregation
+            client to take its result.
+        request_to_submit_result_interval: Seconds between a trainer's tries when it did not.
+        request_to_submit_result_max_wait: Seconds a trainer keeps trying (None: the round's
+            ``learn_task_timeout``); then the job ends with the reason.
+        download_to_disk: From the config task to the end of the job, tensors this client
+            receives go to disk first: results are aggregated one tensor at a time from their
+            files, and the training script still gets tensors in memory.
+        download_to_disk_dir: Where those downloads go, relative to the client's workspace
+            folder (default ``downloads``).
+        task_name_prefix: Prefix of the task names (``swarm``).
+    """
+
+    def __init__(
+        self,
+        learn_task_name: str = "train",
+        persistor_id: str = "persistor",
+        shareable_generator_id: str = "shareable_generator",
+        aggregator_id: str = "aggregator",
+        min_responses_required: int = 1,
+        wait_time_after_min_resps_received: float = 10.0,
+        learn_task_timeout: float | None = None,
+        learn_task_ack_timeout: float = 10.0,
+        final_result_ack_timeout: float = 10.0,
+        max_concurrent_submissions: int = 1,
+        request_to_submit_result_msg_timeout: float = 5.0,
+        request_to_submit_result_interval: float = 1.0,
+        request_to_submit_result_max_wait: float | None = None,
+        download_to_disk: bool = False,
+        download_to_disk_dir: str | None = None,
+        task_name_prefix: str = SWARM_PREFIX,
+    ) -> None:
+        super().__init__(task_name_prefix)
+        if min_responses_required < 1 or max_concurrent_submissions < 1:
+            raise ValueError(
+                "min_responses_required and max_concurrent_submissions must be >= 1, got "
+                f"{min_responses_required} and {max_concurrent_submissions}"
+            )
+        for name, value in (
+            ("wait_time_after_min_resps_received", wait_time_after_min_resps_received),
+            ("learn_task_ack_timeout", learn_task_ack_timeout),
+            ("final_result_ack_timeout", final_result_ack_timeout),
+            ("request_to_submit_result_msg_timeout", request_to_submit_result_msg_timeout),
+            ("request_to_submit_result_interval", request_to_submit_result_interval),
+        ):
+            if value < 0:
+                raise ValueError(f"{name}: expected seconds >= 0, got {value}")
+        self.learn_task_name = learn_task_name
+        self.persistor_id = persistor_id
+        self.shareable_generator_id = shareable_generator_id
+        self.aggregator_id = aggregator_id
+        self.min_responses_required = min_responses_required
+        self.wait_time_after_min_resps_received = wait_time_after_min_resps_received
+        self.learn_task_timeout = learn_task_timeout or DEFAULT_LEARN_TASK_TIMEOUT_S
+        self.learn_task_ack_timeout = learn_task_ack_timeout
+        self.final_result_ack_timeout = final_result_ack_timeout
+        self.max_concurrent_submissions = max_concurrent_submissions
+        self.submit_msg_timeout = request_to_submit_result_msg_timeout
+        self.submit_interval = request_to_submit_result_interval
+        self.submit_max_wait = request_to_submit_result_max_wait or self.learn_task_timeout
+        self.download_to_disk = download_to_disk
+        self.download_to_disk_dir = download_to_disk_dir
+        self._inbox: queue.Queue[tuple[dict[str, Any], Any]] = queue.Queue()
+        self._rounds: dict[int, _Round] = {}
+        self._rounds_lock = threading.Lock()
+        self._closed_up_to = -1  # rounds up to this one take no more results
+        self._exits = contextlib.ExitStack()
+        self._threads: list[threading.Thread] = []
+        self._pulls: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # ----------------------------------------------------------------- config and start
+
+    def configure(self, config: dict[str, Any]) -> Shareable | None:
+        self.persistor = self.context.get_component(self.persistor_id, "persistor_id")
+        if not isinstance(self.persistor, ModelPersistor):
+            raise ValueError(f"persistor_id: {self.persistor_id!r} is a {type(self.persistor).__name__}, not a persistor")
+        self.aggregator = self.context.get_component(self.aggregator_id, "aggregator_id")
+        if not isinstance(self.aggregator, Aggregator):
+            raise ValueError(
+                f"aggregator_id: {self.aggregator_id!r} is a {type(self.aggregator).__name__}, not an Aggregator"
+            )
+        self.generator = self.context.get_component(self.shareable_generator_id, "shareable_generator_id")
+        if not all(hasattr(self.generator, m) for m in ("learnable_to_shareable", "shareable_to_learnable")):
+            raise ValueError(
+                f"shareable_generator_id: {self.shareable_generator_id!r} is a {type(self.generator).__name__}, "
+                "not a shareable generator"
+            )
+        self.start_round = int(config["start_round"])
+        self.end_round = self.start_round + int(config["num_rounds"])
+        self.train_clients = list(config["train_clients"])
+        self.aggr_clients = list(config["aggr_clients"])
+        self.result_clients = list(config["result_clients"])
+        if self.download_to_disk:
+            if self.context.downloads_to_disk is None:
+                raise RuntimeError("download_to_disk: this client runtime cannot download to disk")
+            folder = None if self.download_to_disk_dir is None else Path(self.download_to_disk_dir)
+            self._exits.enter_context(self.context.downloads_to_disk(folder))
+        workers = DISK_PULLS if self.download_to_disk else self.max_concurrent_submissions
+        self._pulls = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"{self.site}-pull")
+        for topic, handler in ((LEARN, self._on_learn), (RESULT, self._on_result), (FINAL, self._on_final)):
+            self.cell.register_handler(CCWF_CHANNEL, self._topic(topic), handler)
+        self._spawn(self._learn_loop, "learner")
+        self.update_status(phase="configured")
+        return None
+
+    def start_workflow(self) -> Shareable | None:
+        model = self.persistor.load_model()
+        self._start_round(self.start_round, model)
+        return None
+
+    def finalize(self) -> None:
+        self.stopped.set()
+        for thread in self._threads:
+            thread.join(5.0)
+        if self._pulls is not None:
+            self._pulls.shutdown(wait=True, cancel_futures=True)
+        with self._rounds_lock:
+            for entry in self._rounds.values():
+                entry.release()
+            self._rounds.clear()
+        self._exits.close()
+        super().finalize()
+
+    # ----------------------------------------------------------------- sending a round
+
+    def _start_round(self, current_round: int, model: FLModel) -> None:
+        """Send ``model`` as round ``current_round`` to its aggregation client, then to its trainers."""
+        data = self.generator.learnable_to_shareable(model)
+        del model
+        data.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
+        data.set_header(ReservedHeaderKey.TOTAL_ROUNDS, self.end_round)
+        unreachable: list[str] = []
+        candidates = _rotate(self.aggr_clients, current_round)
+        for aggr in candidates:
+            header = {"round": current_round, "aggr": aggr, "trainers": self.train_clients}
+            peers = [site for site in dict.fromkeys([aggr, *self.train_clients]) if site != self.site]
+            frames = self.codec.encode(data, receivers=peers) if peers else []
+            if self._deliver(aggr, header, data, frames):
+                break
+            unreachable.append(aggr)
+        else:
+            raise RuntimeError(
+                f"round {current_round}: no aggregation client took the model "
+                f"(aggr_clients: {', '.join(candidates)}; {self.learn_task_ack_timeout:g} s each)"
+            )
+        for trainer in self.train_clients:
+            if trainer != aggr and not self._deliver(trainer, header, data, frames):
+                unreachable.append(trainer)
+        if unreachable:
+            log.warning("round %d: not delivered to %s", current_round, ", ".join(unreachable))
+        log.info("round started round=%d aggr=%s trainers=%s", current_round, aggr, self.train_clients)
+
+    def _deliver(self, site: str, header: dict[str, Any], data: Shareable, frames: list[Any]) -> bool:
+        """Hand the round's model to ``site``: straight to the inbox when it is this client."""
+        if site == self.site:
+            self._accept_learn(header, data)
+            return True
+        try:
+            self.cell.request(
+                site, CCWF_CHANNEL, self._topic(LEARN), header, frames, timeout_s=self.learn_task_ack_timeout
+            )
+            return True
+        except CellError as e:
+            log.warning("round %s not taken by %s: %s", header["round"], site, e)
+            return False
+
+    # ----------------------------------------------------------------- receiving a round
+
+    def _on_learn(self, message: Message) -> Reply:
+        header = dict(message.header)
+        self._accept_learn(header, list(message.frames))
+        return Reply(header={})
+
+    def _accept_learn(self, header: dict[str, Any], payload: Any) -> None:
+        current_round = int(header["round"])
+        if header["aggr"] == self.site:
+            self._round(current_round, list(header["trainers"]))
+        self._inbox.put((header, payload))
+
+    def _learn_loop(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                header, payload = self._inbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                self._learn(header, payload)
+            except Exception as e:
+                log.exception("round %s failed on %s", header.get("round"), self.site)
+                self.update_status(error=f"round {header.get('round')} on {self.site}: {type(e).__name__}: {e}")
+            del payload
+
+    def _learn(self, header: dict[str, Any], payload: Any) -> None:
+        current_round, aggr = int(header["round"]), str(header["aggr"])
+        trains = self.site in header["trainers"]
+        self.update_status(round=current_round, phase="receiving")
+        data = payload if isinstance(payload, Shareable) else self.codec.decode(payload)
+        del payload
+        if aggr == self.site:
+            self._round(current_round, list(header["trainers"])).set_base(data)
+        if not trains:
+            self.update_status(phase="aggregating" if aggr == self.site else "idle")
+            return
+        self.update_status(phase="training")
+        result = self.context.run_task(self.learn_task_name, Shareable(data), self.stopped)  # type: ignore[misc]
+        if aggr != self.site:  # the aggregation client keeps the round's model (and its files)
+            cleanup_lazy_refs(data)
+        del data
+        result.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
+        self.update_status(phase="submitting")
+        if aggr == self.site:
+            self._round(current_round, list(header["trainers"])).take(self.site, result, self)
+        else:
+            self._submit(aggr, current_round, list(header["trainers"]), result)
+        self.update_status(phase="idle")
+
+    def _submit(self, aggr: str, current_round: int, trainers: list[str], result: Shareable) -> None:
+        """Offer the result to the aggregation client, which pulls its tensors when it can."""
+        frames = self.codec.encode(result, receivers=[aggr])
+        ok = result.get_return_code() is ReturnCode.OK
+        header = {"round": current_round, "trainers": trainers, "ok": ok}
+        deadline = time.monotonic() + self.submit_max_wait
+        while not self.stopped.is_set():
+            try:
+                self.cell.request(aggr, CCWF_CHANNEL, self._topic(RESULT), header, frames, self.submit_msg_timeout)
+                return
+            except CellRemoteError as e:  # taken and refused (the round closed): nothing to retry
+                log.warning("round %d: %s refused the result: %s", current_round, aggr, e)
+                return
+            except CellError as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"could not hand the result to aggregation client {aggr} within "
+                        f"request_to_submit_result_max_wait={self.submit_max_wait:g} s: {e}"
+                    ) from e
+                log.warning("round %d: %s did not take the result yet: %s", current_round, aggr, e)
+                self.stopped.wait(self.submit_interval)
+
+    # ----------------------------------------------------------------- aggregating a round
+
+    def _round(self, current_round: int, trainers: list[str]) -> _Round:
+        """The round this client aggregates (made, and its gathering thread started, on first use)."""
+        with self._rounds_lock:
+            entry = self._rounds.get(current_round)
+            if entry is None:
+                entry = _Round(current_round, trainers)
+                self._rounds[current_round] = entry
+                self._spawn(lambda: self._gather(entry), f"round-{current_round}")
+            return entry
+
+    def _on_result(self, message: Message) -> Reply:
+        current_round = int(message.header["round"])
+        site = message.source.split(".", 1)[0]
+        with self._rounds_lock:
+            entry = self._rounds.get(current_round)
+            closed = entry is None and current_round <= self._closed_up_to
+        if closed or (entry is not None and entry.closed):
+            reason = f"round {current_round} is closed at {self.site}: the result came too late"
+            return Reply(header={"reason": reason}, status=Status.ERROR, reason=reason)
+        entry = self._round(current_round, list(message.header.get("trainers") or []))
+        if not message.header.get("ok", True):
+            entry.fail(site, "the trainer's task failed")
+            return Reply(header={})
+        frames = list(message.frames)
+        assert self._pulls is not None
+        self._pulls.submit(self._pull, entry, site, frames)
+        return Reply(header={})
+
+    def _pull(self, entry: _Round, site: str, frames: list[Any]) -> None:
+        result = None
+        try:
+            result = self.codec.decode(frames)
+            if not isinstance(result, Shareable):
+                raise TypeError(f"expected a Shareable, got {type(result).__name__}")
+            entry.take(site, result, self)
+        except Exception as e:
+            log.warning("round %d: result of %s refused: %s", entry.number, site, e)
+            entry.fail(site, f"{type(e).__name__}: {e}")
+        finally:
+            cleanup_lazy_refs(result)
+
+    def _gather(self, entry: _Round) -> None:
+        try:
+            if not entry.wait_done(self.min_responses_required, self.wait_time_after_min_resps_received,
+                                   self.learn_task_timeout, self.stopped):
+                return
+            with self._rounds_lock:
+                entry.closed = True
+                self._closed_up_to = max(self._closed_up_to, entry.number)
+            if len(entry.accepted) < self.min_responses_required:
+                failures = "; ".join(f"{site}: {why}" for site, why in entry.failed.items()) or "none"
+                raise RuntimeError(
+                    f"{len(entry.accepted)} usable results of {len(entry.trainers)} "
+                    f"(min_responses_required={self.min_responses_required}, learn_task_timeout="
+                    f"{self.learn_task_timeout:g} s); failed: {failures}"
+                )
+            self._finish_round(entry)
+        except Exception as e:
+            log.exception("round %d could not be aggregated on %s", entry.number, self.site)
+            self.update_status(error=f"round {entry.number} at aggregation client {self.site}: {e}")
+        finally:
+            entry.release()
+            with self._rounds_lock:
+                self._rounds.pop(entry.number, None)
+
+    def _finish_round(self, entry: _Round) -> None:
+        self.update_status(round=entry.number, phase="aggregating")
+        aggregate = self.aggregator.aggregate(entry.number)
+        base = model_from_shareable(entry.base) if entry.base is not None else FLModel(params={})
+        model = self.generator.shareable_to_learnable(aggregate, base)
+        del aggregate, base
+        model = dataclasses.replace(model, params=_in_memory(model.params or {}))
+        entry.release()
+        self.persistor.save_model(model)
+        done = {
+            "round": entry.number,
+            "time_s": round(time.monotonic() - entry.started, 3),
+            "metrics": dict(model.metrics or {}),
+            "clients": sorted(entry.accepted),
+            "aggregator": self.site,
+        }
+        self.update_status(rounds_done=[*self.status.rounds_done, done])
+        log.info("round aggregated round=%d results=%d", entry.number, len(entry.accepted))
+        following = entry.number + 1
+        if following < self.end_round:
+            self._start_round(following, model)
+            self.update_status(phase="idle")
+            return
+        self._distribute_final(model)
+        self.update_status(phase="done", all_done=True)
+
+    # ----------------------------------------------------------------- the final model
+
+    def _distribute_final(self, model: FLModel) -> None:
+        """Send the final model to every result client; each pulls and saves it before answering."""
+        others = [site for site in self.result_clients if site != self.site]
+        data = self.generator.learnable_to_shareable(model)
+        frames = self.codec.encode(data, receivers=others) if others else []
+        replies = self.cell.broadcast(
+            others, CCWF_CHANNEL, self._topic(FINAL), {"round": self.end_round - 1}, frames, self.final_result_ack_timeout
+        )
+        for site, reply in replies.items():
+            if reply.status is not Status.OK:
+                log.warning("final model not saved by %s: %s %s", site, reply.status.value, reply.reason)
+        self.persistor.flush()
+
+    def _on_final(self, message: Message) -> Reply:
+        data = self.codec.decode(list(message.frames))
+        try:
+            model = model_from_shareable(data)
+            self.persistor.save_model(dataclasses.replace(model, params=_in_memory(model.params or {})))
+            self.persistor.flush()
+        finally:
+            cleanup_lazy_refs(data)
+        self.update_status(phase="done")
+        return Reply(header={})
+
+    # ----------------------------------------------------------------- helpers
+
+    def _topic(self, name: str) -> str:
+        return f"{self.task_name_prefix}_{name}"
+
+    def _spawn(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=f"{self.site}-{name}", daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()]
+        self._threads.append(thread)
+        thread.start()
+
+
+@dataclasses.dataclass(eq=False)
+class _Round:
+    """One round at its aggregation client: who should send, who did, the round's model."""
+
+    number: int
+    trainers: list[str]
+    base: Shareable | None = None
+    accepted: list[str] = dataclasses.field(default_factory=list)
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    closed: bool = False
+    _changed: threading.Condition = dataclasses.field(default_factory=threading.Condition)
+
+    def set_base(self, data: Shareable) -> None:
+        with self._changed:
+            self.base = data
+            self._changed.notify_all()
+
+    def take(self, site: str, result: Shareable, owner: SwarmClientController) -> None:
+        """Fold one trainer's result into the aggregator (one at a time), or record why not."""
+        if result.get_return_code() is not ReturnCode.OK:
+            self.fail(site, f"return code {result.get_return_code().value}: {result.get_header('reason')}")
+            return
+        with self._changed:
+            if self.closed or site in self.accepted:
+                return
+        if owner.aggregator.accept(result, site, self.number):
+            with self._changed:
+                self.accepted.append(site)
+                self._changed.notify_all()
+        else:
+            self.fail(site, "the aggregator refused it (see the log)")
+
+    def fail(self, site: str, why: str) -> None:
+        with self._changed:
+            if site not in self.accepted:
+                self.failed[site] = why
+            self._changed.notify_all()
+
+    def wait_done(self, minimum: int, wait_after_min_s: float, timeout_s: float, stopped: threading.Event) -> bool:
+        """Wait for the round's model and its results; False when the job stopped meanwhile."""
+        min_reached_at = None
+        with self._changed:
+            while not stopped.is_set():
+                now = time.monotonic()
+                answered = len(self.accepted) + len(self.failed)
+                if len(self.accepted) >= minimum and min_reached_at is None:
+                    min_reached_at = now
+                if self.base is not None and (
+                    answered >= len(self.trainers)
+                    or (min_reached_at is not None and now - min_reached_at >= wait_after_min_s)
+                ):
+                    return True
+                if now - self.started > timeout_s:
+                    return True
+                self._changed.wait(0.2)
+        return False
+
+    def release(self) -> None:
+        """Drop the round's model (its downloaded files go with it)."""
+        base, self.base = self.base, None
+        cleanup_lazy_refs(base)
+
+
+def _rotate(clients: list[str], current_round: int) -> list[str]:
+    """``clients`` starting at the round's turn: aggregation moves from client to client."""
+    start = current_round % len(clients)
+    return clients[start:] + clients[:start]
+
+
+def _in_memory(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with lazy refs read into memory, one tensor at a time."""
+    return {name: value.resolve() if isinstance(value, LazyRef) else value for name, value in params.items()}

@@ -1,0 +1,245 @@
+"""`ServerSideController`: the server's part of a client-controlled workflow.
+
+The server holds no model here. It sends ``<prefix>_config`` to every participating client (this
+also checks that each is ready), ``<prefix>_start`` to the starting client, and then follows the
+status reports the clients send on their own: the job ends when one reports that the workflow is
+done, when one reports an error, when too few clients are left, or when no client made progress
+for ``progress_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from engine.controller import Controller, Task, TaskCompletionStatus
+from engine.errors import WorkflowError
+from engine.model import ReturnCode, Shareable
+from engine.model.ccwf import CONFIG_KEY, CONFIG_TASK, START_TASK
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks at the clients' status reports.
+STATUS_CHECK_INTERVAL_S = 0.5
+#: Header of a failed client result that says why (as the executors set it).
+REASON_HEADER = "reason"
+
+
+class ServerSideController(Controller):
+    """Configures, starts and follows a workflow that the clients run among themselves.
+
+    Args:
+        task_name_prefix: Prefix of the workflow's task names (``<prefix>_config`` ...); the
+            clients route ``<prefix>_*`` to their client-side controller.
+        num_rounds: Rounds the clients run.
+        start_round: The first round's number.
+        configure_task_timeout: Seconds every client has to take and answer the config task.
+        start_task_timeout: Seconds the starting client has to start the workflow.
+        participating_clients: The clients that take part; None = all of the job's clients.
+        starting_client: The client that starts the workflow; empty = the first participant.
+        max_status_report_interval: Seconds a client may stay silent before it counts as lost.
+        progress_timeout: Seconds the workflow may go without any client making progress.
+        min_clients: The fewest participating clients the workflow may go on with when others
+            are lost (dead, or silent past ``max_status_report_interval``); 0 = all of them.
+    """
+
+    def __init__(
+        self,
+        task_name_prefix: str,
+        num_rounds: int = 1,
+        start_round: int = 0,
+        configure_task_timeout: float = 300.0,
+        start_task_timeout: float = 10.0,
+        participating_clients: list[str] | None = None,
+        starting_client: str = "",
+        max_status_report_interval: float = 90.0,
+        progress_timeout: float = 3600.0,
+        min_clients: int = 0,
+    ) -> None:
+        super().__init__()
+        _positive("num_rounds", num_rounds)
+        for name, value in (
+            ("configure_task_timeout", configure_task_timeout),
+            ("start_task_timeout", start_task_timeout),
+            ("max_status_report_interval", max_status_report_interval),
+            ("progress_timeout", progress_timeout),
+        ):
+            _positive(name, value)
+        if start_round < 0 or min_clients < 0:
+            raise ValueError(f"start_round and min_clients must be >= 0, got {start_round} and {min_clients}")
+        self.task_name_prefix = task_name_prefix
+        self.num_rounds = num_rounds
+        self.start_round = start_round
+        self.configure_task_timeout = configure_task_timeout
+        self.start_task_timeout = start_task_timeout
+        self.participating_clients = list(participating_clients) if participating_clients else None
+        self.starting_client = starting_client
+        self.max_status_report_interval = max_status_report_interval
+        self.progress_timeout = progress_timeout
+        self.min_clients = min_clients
+
+    # ----------------------------------------------------------------- for subclasses
+
+    def workflow_config(self, participants: list[str]) -> dict[str, Any]:
+        """What the config task tells every client (subclasses add their own keys)."""
+        return {
+            "num_rounds": self.num_rounds,
+            "start_round": self.start_round,
+            "participants": participants,
+            "status_interval": min(5.0, self.max_status_report_interval / 3),
+        }
+
+    def configured(self, replies: dict[str, Shareable]) -> None:  # noqa: B027 - optional hook
+        """Called with every client's answer to the config task once all answered OK."""
+
+    def starts(self) -> bool:
+        """Whether a start task goes to a starting client (a workflow driven by the server says no)."""
+        return True
+
+    def follow_clients(self, participants: list[str]) -> None:
+        """After the start: follow the status reports until the workflow is done (see the module)."""
+        self._follow(participants)
+
+    # ----------------------------------------------------------------- the workflow
+
+    def run(self) -> None:
+        participants = self.participants()
+        config = self.workflow_config(participants)
+        replies = self._configure(participants, config)
+        if replies is None:
+            return
+        self.configured(replies)
+        if self.starts():
+            starter = self.starting_client or participants[0]
+            if starter not in participants:
+                raise WorkflowError(f"starting_client {starter!r} is not a participating client ({participants})")
+            if not self._start(starter):
+                return
+        self.follow_clients(participants)
+
+    def participants(self) -> list[str]:
+        """The participating clients, checked against the job's clients."""
+        known = self.get_clients()
+        chosen = self.participating_clients or known
+        unknown = [site for site in chosen if site not in known]
+        if unknown:
+            raise WorkflowError(
+                f"participating_clients: {', '.join(unknown)} not among the job's clients ({', '.join(known)})"
+            )
+        return list(chosen)
+
+    def task_name(self, suffix: str) -> str:
+        return f"{self.task_name_prefix}_{suffix}"
+
+    def _configure(self, participants: list[str], config: dict[str, Any]) -> dict[str, Shareable] | None:
+        data = Shareable({CONFIG_KEY: config})
+        task = Task(self.task_name(CONFIG_TASK), data, timeout=self.configure_task_timeout)
+        self.broadcast_and_wait(task, participants, min_responses=len(participants), abort_signal=self.abort_signal)
+        if self.abort_signal.is_set():
+            return None
+        failures = failed_clients(task, participants)
+        if failures:
+            raise WorkflowError(
+                f"{task.name} failed (configure_task_timeout={self.configure_task_timeout:g} s): "
+                + "; ".join(f"{site}: {why}" for site, why in failures.items())
+            )
+        return {site: task.last_client_task_map[site].result or Shareable() for site in participants}
+
+    def _start(self, starter: str) -> bool:
+        task = Task(self.task_name(START_TASK), Shareable(), timeout=self.start_task_timeout)
+        self.send_and_wait(task, [starter], abort_signal=self.abort_signal)
+        if self.abort_signal.is_set():
+            return False
+        failures = failed_clients(task, [starter])
+        if failures:
+            raise WorkflowError(
+                f"{task.name} failed on {starter} (start_task_timeout={self.start_task_timeout:g} s): {failures[starter]}"
+            )
+        log.info("workflow started by %s prefix=%s", starter, self.task_name_prefix)
+        return True
+
+    def _follow(self, participants: list[str]) -> None:
+        started = time.monotonic()
+        last_progress = started
+        progress_seen: dict[str, int] = {}
+        rounds_seen: set[int] = set()
+        latest_round = -1
+        lost: set[str] = set()
+        needed = self.min_clients or len(participants)
+        while not self.abort_signal.wait(STATUS_CHECK_INTERVAL_S):
+            now = time.monotonic()
+            reports = self.context.client_status(self.task_name_prefix)
+            statuses = {site: reports[site].status for site in participants if site in reports}
+            for site, status in statuses.items():
+                if status.error:
+                    raise WorkflowError(f"{site} reported an error: {status.error}")
+            finished = sorted(
+                (done for status in statuses.values() for done in status.rounds_done if isinstance(done.get("round"), int)),
+                key=lambda done: done["round"],
+            )
+            for done in finished:
+                if done["round"] not in rounds_seen:
+                    rounds_seen.add(done["round"])
+                    self.context.report("round_done", **done)
+            rounds = [status.round for status in statuses.values() if status.round is not None]
+            if rounds and max(rounds) > latest_round:
+                latest_round = max(rounds)
+                total = self.start_round + self.num_rounds
+                self.context.report("round_started", round=latest_round, total_rounds=total, clients=[])
+            for site, status in statuses.items():
+                if status.progress != progress_seen.get(site):
+                    progress_seen[site] = status.progress
+                    last_progress = now
+            done_by = [site for site, status in statuses.items() if status.all_done]
+            if done_by:
+                log.info("workflow done, reported by %s prefix=%s", done_by[0], self.task_name_prefix)
+                return
+            dead = self.context.dead()
+            for site in participants:
+                if site in lost:
+                    continue
+                entry = reports.get(site)
+                silent_s = now - (entry.received if entry else started)
+                if site in dead or silent_s > self.max_status_report_interval:
+                    lost.add(site)
+                    why = "stopped answering" if site in dead else f"sent no status for {silent_s:.0f} s"
+                    self.context.report("workflow_note", message=f"{site} {why}; going on without it")
+                    log.warning("client lost site=%s: %s", site, why)
+            if len(participants) - len(lost) < needed:
+                raise WorkflowError(
+                    f"too few clients left: {', '.join(sorted(lost))} lost (dead, or no status within "
+                    f"max_status_report_interval={self.max_status_report_interval:g} s); "
+                    f"{len(participants) - len(lost)} of {len(participants)} left, min_clients={needed}"
+                )
+            if now - last_progress > self.progress_timeout:
+                where = ", ".join(
+                    f"{site}: round {entry.status.round} {entry.status.phase}" for site, entry in sorted(reports.items())
+                )
+                raise WorkflowError(
+                    f"no progress for {now - last_progress:.0f} s (progress_timeout={self.progress_timeout:g} s); "
+                    f"last reports: {where or 'none'}"
+                )
+
+
+def failed_clients(task: Task, targets: list[str]) -> dict[str, str]:
+    """Why each target of a finished task did not return an OK result (empty when all did)."""
+    failures = {}
+    for site in targets:
+        client_task = task.last_client_task_map.get(site)
+        if client_task is None:
+            failures[site] = "never took the task"
+            continue
+        result = client_task.result
+        code = result.get_return_code() if result is not None else None
+        if client_task.status is TaskCompletionStatus.OK and code is ReturnCode.OK:
+            continue
+        reason = client_task.reason or (result.get_header(REASON_HEADER) if result is not None else None)
+        status = client_task.status.value if client_task.status else "no result"
+        failures[site] = f"{status}: {reason}" if reason else status
+    return failures
+
+
+def _positive(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name}: expected a number > 0, got {value!r}")

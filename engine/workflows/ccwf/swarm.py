@@ -1,0 +1,90 @@
+"""`SwarmServerController`: the server's part of Swarm learning (it never holds a model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.errors import WorkflowError
+from engine.workflows.ccwf.server_side import ServerSideController
+
+#: Task name prefix of Swarm learning; clients route ``swarm_*`` to their `SwarmClientController`.
+SWARM_PREFIX = "swarm"
+
+
+class SwarmServerController(ServerSideController):
+    """Swarm learning: the clients train, and each round one of them aggregates and starts the next.
+
+    The server configures the clients, tells the starting client to begin, and follows their
+    status reports (see `ServerSideController`). Models move between the clients only.
+
+    Args:
+        num_rounds: Rounds of training.
+        start_round: The first round's number.
+        start_task_timeout: Seconds the starting client has to load the model and send round one.
+        configure_task_timeout: Seconds every client has to take the config task.
+        participating_clients: The clients that take part; None = all.
+        result_clients: The clients that receive the final model; None = all participants.
+        starting_client: The client that loads the initial model; empty = the first participant.
+        max_status_report_interval: Seconds a client may stay silent before it counts as lost.
+        progress_timeout: Seconds the swarm may go without any client making progress.
+        aggr_clients: The clients that may aggregate a round; None = all participants.
+        train_clients: The clients that train; None = all participants.
+        min_clients: The fewest clients the swarm goes on with when others are lost; 0 = all.
+        task_name_prefix: Prefix of the task names (``swarm``).
+    """
+
+    def __init__(
+        self,
+        num_rounds: int,
+        start_round: int = 0,
+        start_task_timeout: float = 10.0,
+        configure_task_timeout: float = 300.0,
+        participating_clients: list[str] | None = None,
+        result_clients: list[str] | None = None,
+        starting_client: str = "",
+        max_status_report_interval: float = 90.0,
+        progress_timeout: float = 3600.0,
+        aggr_clients: list[str] | None = None,
+        train_clients: list[str] | None = None,
+        min_clients: int = 0,
+        task_name_prefix: str = SWARM_PREFIX,
+    ) -> None:
+        super().__init__(
+            task_name_prefix,
+            num_rounds=num_rounds,
+            start_round=start_round,
+            configure_task_timeout=configure_task_timeout,
+            start_task_timeout=start_task_timeout,
+            participating_clients=participating_clients,
+            starting_client=starting_client,
+            max_status_report_interval=max_status_report_interval,
+            progress_timeout=progress_timeout,
+            min_clients=min_clients,
+        )
+        self.result_clients = list(result_clients) if result_clients is not None else None
+        self.aggr_clients = list(aggr_clients) if aggr_clients else None
+        self.train_clients = list(train_clients) if train_clients else None
+
+    def workflow_config(self, participants: list[str]) -> dict[str, Any]:
+        config = super().workflow_config(participants)
+        config.update(
+            aggr_clients=self._subset("aggr_clients", self.aggr_clients, participants),
+            train_clients=self._subset("train_clients", self.train_clients, participants),
+            result_clients=self._subset("result_clients", self.result_clients, participants),
+        )
+        if not config["aggr_clients"] or not config["train_clients"]:
+            raise WorkflowError("aggr_clients and train_clients must each name at least one participating client")
+        return config
+
+    def run(self) -> None:
+        self.context.report("workflow_note", message=f"swarm: {self.num_rounds} rounds, the clients aggregate")
+        super().run()
+
+    @staticmethod
+    def _subset(name: str, chosen: list[str] | None, participants: list[str]) -> list[str]:
+        if chosen is None:
+            return list(participants)
+        outside = [site for site in chosen if site not in participants]
+        if outside:
+            raise WorkflowError(f"{name}: {', '.join(outside)} not among the participating clients ({participants})")
+        return list(chosen)
