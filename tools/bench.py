@@ -1,13 +1,16 @@
-"""Benchmark of whole jobs: ``flengine run`` on generated BenchNet FedAvg jobs, measured from outside.
+"""Benchmark of whole jobs: ``flengine run`` on generated BenchNet jobs, measured from outside.
 
     python tools/bench.py --size-mb 1024 --clients 2 4 --disk off on [--chunk-mb 2] [--out FILE]
+    python tools/bench.py --workflow swarm --size-mb 1024 --clients 3 --disk off on
 
-For each point of the matrix (model size x clients x download_to_disk x chunk size) it writes a
-FedAvg job (BENCHMARK.md: BenchNet, client k adds ``k * 0.001``, weight ``k * 100``, R rounds),
-runs it with ``flengine run`` and samples every 50 ms, from outside, each process of the run
-(the server, each site, with their children): RSS and PSS (``/proc/<pid>/smaps_rollup``), the
-peak of the tree's sum, and the bytes under the server's download folder. From the workspace it
-takes the round times and states, and it checks every parameter of the final global model
+For each point of the matrix (workflow x model size x clients x download_to_disk x chunk size)
+it writes a job (BENCHMARK.md: BenchNet, client k adds ``k * 0.001``, weight ``k * 100``, R
+rounds) of FedAvg, or of Swarm learning (every client trains, the clients aggregate in turn,
+download_to_disk on the clients), runs it with ``flengine run`` and samples every 50 ms, from
+outside, each process of the run (the server, each site, with their children): RSS and PSS
+(``/proc/<pid>/smaps_rollup``), the peak of the tree's sum, and the bytes under the download
+folders of every site. From the workspace it takes the round times and states, and it checks
+every parameter of the final global model (the server's; Swarm: site-1's, a result client)
 against ``init + R * D`` (tolerance 1e-6). Prints a markdown table and writes JSON
 (``{"runs": [...]}``, one object per point) to ``--out``.
 """
@@ -48,11 +51,12 @@ class Point:
     download_to_disk: bool
     chunk_mb: float
     rounds: int = 2
+    workflow: str = "fedavg"
 
     @property
     def label(self) -> str:
         disk = "on" if self.download_to_disk else "off"
-        return f"{self.size_mb}MiB x{self.clients} disk={disk} chunk={self.chunk_mb:g}MiB"
+        return f"{self.workflow} {self.size_mb}MiB x{self.clients} disk={disk} chunk={self.chunk_mb:g}MiB"
 
 
 @dataclass
@@ -69,7 +73,8 @@ class Peaks:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     points = [
-        Point(size, clients, disk == "on", chunk, args.rounds)
+        Point(size, clients, disk == "on", chunk, args.rounds, workflow)
+        for workflow in args.workflow
         for size in args.size_mb
         for clients in args.clients
         for disk in args.disk
@@ -98,13 +103,14 @@ def run_point(point: Point, keep: bool = False) -> dict[str, Any]:
         started = time.monotonic()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         peaks = Peaks()
-        sampler = threading.Thread(target=_sample, args=(process.pid, workspace / "server" / "downloads", peaks))
+        sampler = threading.Thread(target=_sample, args=(process.pid, workspace, peaks))
         sampler.start()
         output, _ = process.communicate()
         seconds = time.monotonic() - started
         sampler.join()
         summary = json.loads((workspace / "summary.json").read_text(encoding="utf-8"))
-        correct, worst = check_model(workspace / "server" / "models" / "global.safetensors", point)
+        holder = "site-1" if point.workflow == "swarm" else "server"
+        correct, worst = check_model(workspace / holder / "models" / "global.safetensors", point)
         return {
             **asdict(point),
             "status": summary["status"],
@@ -129,7 +135,7 @@ def run_point(point: Point, keep: bool = False) -> dict[str, Any]:
 
 
 def write_job(folder: Path, point: Point) -> Path:
-    """A FedAvg job over BenchNet(size_mb) for ``point``."""
+    """A FedAvg or Swarm job over BenchNet(size_mb) for ``point``."""
     custom = folder / "app" / "custom"
     (folder / "app" / "config").mkdir(parents=True)
     custom.mkdir()
@@ -140,18 +146,44 @@ def write_job(folder: Path, point: Point) -> Path:
     (folder / "meta.conf").write_text(
         f'name = bench\nmin_clients = {point.clients}\ndeploy_map {{ app = ["@ALL"] }}\n', encoding="utf-8"
     )
-    args = {"num_clients": point.clients, "num_rounds": point.rounds, "download_to_disk": point.download_to_disk}
+    persistor = (
+        "{ id = persistor, path = engine.persistors.PTFileModelPersistor,\n"
+        f"  args {{ model {{ path = benchnet_module.BenchNet, args {{ size_mb = {point.size_mb} }} }} }} }}"
+    )
+    script = "path = engine.executors.ClientAPIExecutor, args { task_script_path = client.py }"
+    if point.workflow == "swarm":
+        server = {"num_rounds": point.rounds, "start_task_timeout": 300, "progress_timeout": 7200}
+        workflows = (
+            f"[{{ id = swarm, path = engine.workflows.ccwf.SwarmServerController, args = {json.dumps(server)} }}]"
+        )
+        server_components = "[]"
+        controller = {
+            "min_responses_required": point.clients,
+            "wait_time_after_min_resps_received": 0,
+            "learn_task_timeout": 3600,
+            "learn_task_ack_timeout": 300,
+            "final_result_ack_timeout": 600,
+            "download_to_disk": point.download_to_disk,
+        }
+        executors = (
+            f'[{{ tasks = ["train"], executor {{ {script} }} }}\n'
+            f' {{ tasks = ["swarm_*"], executor {{ path = engine.executors.ccwf.SwarmClientController,'
+            f" args = {json.dumps(controller)} }} }}]"
+        )
+        aggregator = "{ id = aggregator, path = engine.aggregators.DXOAggregator, args.expected_data_kind = WEIGHTS }"
+        generator = "{ id = shareable_generator, path = engine.workflows.FullModelShareableGenerator }"
+        client_components = f"[{persistor}\n {aggregator}\n {generator}]"
+    else:
+        args = {"num_clients": point.clients, "num_rounds": point.rounds, "download_to_disk": point.download_to_disk}
+        workflows = f"[{{ id = fedavg, path = engine.workflows.FedAvg, args = {json.dumps(args)} }}]"
+        server_components = f"[{persistor}]"
+        executors = f'[{{ tasks = ["*"], executor {{ {script} }} }}]'
+        client_components = "[]"
     (folder / "app" / "config" / "config_fed_server.conf").write_text(
-        f"format_version = 2\n{streaming}"
-        f"workflows = [{{ id = fedavg, path = engine.workflows.FedAvg, args = {json.dumps(args)} }}]\n"
-        f"components = [{{ id = persistor, path = engine.persistors.PTFileModelPersistor,\n"
-        f"  args {{ model {{ path = benchnet_module.BenchNet, args {{ size_mb = {point.size_mb} }} }} }} }}]\n",
-        encoding="utf-8",
+        f"format_version = 2\n{streaming}workflows = {workflows}\ncomponents = {server_components}\n", encoding="utf-8"
     )
     (folder / "app" / "config" / "config_fed_client.conf").write_text(
-        f"format_version = 2\n{streaming}"
-        f'executors = [{{ tasks = ["*"], executor {{ path = engine.executors.ClientAPIExecutor,\n'
-        f"  args {{ task_script_path = client.py, execution_mode = in_process }} }} }}]\n",
+        f"format_version = 2\n{streaming}executors = {executors}\ncomponents = {client_components}\n",
         encoding="utf-8",
     )
     return folder
@@ -172,7 +204,7 @@ def check_model(path: Path, point: Point) -> tuple[bool, float]:
     return worst <= 1e-6, worst
 
 
-def _sample(root_pid: int, downloads: Path, peaks: Peaks) -> None:
+def _sample(root_pid: int, workspace: Path, peaks: Peaks) -> None:
     """Sample the process tree under ``root_pid`` every 50 ms until it is gone."""
     while _exists(root_pid):
         tree = _tree(root_pid)
@@ -188,7 +220,8 @@ def _sample(root_pid: int, downloads: Path, peaks: Peaks) -> None:
             peaks.rss_mb[site] = max(peaks.rss_mb.get(site, 0.0), rss)
             peaks.pss_mb[site] = max(peaks.pss_mb.get(site, 0.0), pss)
         peaks.tree_rss_mb = max(peaks.tree_rss_mb, sum(rss for rss, _ in sites.values()))
-        peaks.download_dir_mb = max(peaks.download_dir_mb, _folder_mb(downloads))
+        on_disk = sum(_folder_mb(folder) for folder in workspace.glob("*/downloads"))
+        peaks.download_dir_mb = max(peaks.download_dir_mb, on_disk)
         peaks.samples += 1
         time.sleep(SAMPLE_INTERVAL_S)
 
@@ -259,14 +292,14 @@ def _exists(pid: int) -> bool:
 
 
 HEADER = (
-    "| model | clients | download_to_disk | chunk | server peak RSS | client peak RSS | tree peak RSS "
+    "| workflow | model | clients | download_to_disk | chunk | server peak RSS | client peak RSS | tree peak RSS "
     "| disk peak | rounds (s) | whole run | correct |"
 )
 
 
 def markdown_table(runs: list[dict[str, Any]]) -> list[str]:
     """The runs as a markdown table (sizes in MB = 10^6 bytes, as BENCHMARK.md's figures)."""
-    lines = [HEADER, "|" + "---|" * 11]
+    lines = [HEADER, "|" + "---|" * 12]
     lines.extend(_row(run) for run in runs)
     return lines
 
@@ -278,7 +311,8 @@ def _row(run: dict[str, Any]) -> str:
     rounds = " / ".join(f"{s:.1f}" for s in run["round_s"]) or "-"
     status = "yes" if run["correct"] else f"NO ({run['status']}, max error {run['max_abs_error']:.2e})"
     return (
-        f"| {run['size_mb']} MiB | {run['clients']} | {'on' if run['download_to_disk'] else 'off'} "
+        f"| {run.get('workflow', 'fedavg')} | {run['size_mb']} MiB | {run['clients']} "
+        f"| {'on' if run['download_to_disk'] else 'off'} "
         f"| {run['chunk_mb']:g} MiB | {gb(run['server_peak_rss_mb'])} | {gb(run['client_peak_rss_mb'])} "
         f"| {gb(run['tree_peak_rss_mb'])} | {gb(run['download_dir_peak_mb'])} | {rounds} "
         f"| {run['seconds']:.1f} s | {status} |"
@@ -287,6 +321,9 @@ def _row(run: dict[str, Any]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--workflow", choices=["fedavg", "swarm"], nargs="+", default=["fedavg"], help="workflows (default fedavg)"
+    )
     parser.add_argument("--size-mb", type=int, nargs="+", default=[1024], help="model sizes in MiB (default 1024)")
     parser.add_argument("--clients", type=int, nargs="+", default=[2], help="client counts (default 2)")
     parser.add_argument("--disk", choices=["on", "off"], nargs="+", default=["off", "on"], help="download_to_disk")

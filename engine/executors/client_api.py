@@ -160,7 +160,9 @@ def _task_model(shareable: Shareable) -> FLModel:
     if model.params and any(isinstance(value, LazyRef) for value in model.params.values()):
         # Read one tensor at a time into a new dict: the task data keeps its lazy refs (and its
         # files) for whoever else holds them, e.g. a Swarm aggregator's copy of the round's model.
-        params = {name: value.resolve() if isinstance(value, LazyRef) else value for name, value in model.params.items()}
+        params = {
+            name: value.resolve() if isinstance(value, LazyRef) else value for name, value in model.params.items()
+        }
         model = dataclasses.replace(model, params=params)
     if model.current_round is None:
         model.current_round = shareable.get_header(ReservedHeaderKey.CURRENT_ROUND)

@@ -53,6 +53,13 @@ class ModelPersistor(ABC):
     def save_model(self, model: FLModel) -> Path:
         """Save ``model`` as the global model; return the file written."""
 
+    def drop_initial_model(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """This side will not start from the initial model (another site loads it): free it.
+
+        `load_model` then returns only a model saved since. A Swarm client that is not the
+        starting client calls it, so its memory does not hold a model it never sends.
+        """
+
     def flush(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Return once every save is complete on disk; the runtime calls it when the workflows end.
 

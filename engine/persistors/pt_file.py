@@ -102,6 +102,12 @@ class PTFileModelPersistor(ModelPersistor):
         """
         self._commits.wait()
 
+    def drop_initial_model(self) -> None:
+        """Free the module's weights (names and shapes stay, to check what is loaded and saved)."""
+        if self._source is None and not self._handed_out:
+            self._model.to("meta")
+            self._handed_out = True
+
     def load_model(self) -> FLModel:
         """Return the current global model as FULL params: the last one saved, else the starting weights.
 

@@ -111,7 +111,9 @@ class ClientJob:
             components=components,
             cell=self.cell,
             codec=self.codec,
-            run_task=lambda name, data, abort: self._run_local_task(name, data, abort, routes, data_filters, result_filters),
+            run_task=lambda name, data, abort: self._run_local_task(
+                name, data, abort, routes, data_filters, result_filters
+            ),
             report_status=self._report_status,
             downloads_to_disk=self._downloads_to_disk,
         )

@@ -73,7 +73,9 @@ class CrossSiteEvalClientController(ClientSideController):
         if config.get("global_model_client") == self.site:
             persistor = self.context.get_component(self.persistor_id, "persistor_id")
             if not isinstance(persistor, ModelPersistor):
-                raise ValueError(f"persistor_id: {self.persistor_id!r} is a {type(persistor).__name__}, not a persistor")
+                raise ValueError(
+                    f"persistor_id: {self.persistor_id!r} is a {type(persistor).__name__}, not a persistor"
+                )
             self._models[GLOBAL_MODEL] = shareable_from_model(persistor.load_model())
             reply[GLOBAL_MODELS_KEY] = [GLOBAL_MODEL]
         self.cell.register_handler(CCWF_CHANNEL, f"{self.task_name_prefix}_{GET_MODEL}", self._on_get_model)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import logging
 import queue
@@ -24,7 +25,7 @@ from engine.aggregators import Aggregator
 from engine.cells import Message, Reply, Status
 from engine.errors import CellError, CellRemoteError
 from engine.executors.ccwf.client_side import ClientSideController
-from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable
+from engine.model import DXO, FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable
 from engine.model.ccwf import CCWF_CHANNEL
 from engine.persistors import ModelPersistor
 from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
@@ -137,7 +138,9 @@ class SwarmClientController(ClientSideController):
     def configure(self, config: dict[str, Any]) -> Shareable | None:
         self.persistor = self.context.get_component(self.persistor_id, "persistor_id")
         if not isinstance(self.persistor, ModelPersistor):
-            raise ValueError(f"persistor_id: {self.persistor_id!r} is a {type(self.persistor).__name__}, not a persistor")
+            raise ValueError(
+                f"persistor_id: {self.persistor_id!r} is a {type(self.persistor).__name__}, not a persistor"
+            )
         self.aggregator = self.context.get_component(self.aggregator_id, "aggregator_id")
         if not isinstance(self.aggregator, Aggregator):
             raise ValueError(
@@ -154,6 +157,8 @@ class SwarmClientController(ClientSideController):
         self.train_clients = list(config["train_clients"])
         self.aggr_clients = list(config["aggr_clients"])
         self.result_clients = list(config["result_clients"])
+        if config.get("starting_client") and config["starting_client"] != self.site:
+            self.persistor.drop_initial_model()  # another client starts the swarm
         if self.download_to_disk:
             if self.context.downloads_to_disk is None:
                 raise RuntimeError("download_to_disk: this client runtime cannot download to disk")
@@ -217,7 +222,10 @@ class SwarmClientController(ClientSideController):
     def _deliver(self, site: str, header: dict[str, Any], data: Shareable, frames: list[Any]) -> bool:
         """Hand the round's model to ``site``: straight to the inbox when it is this client."""
         if site == self.site:
-            self._accept_learn(header, data)
+            # Peers pull the round's model from these very tensors; a training script may change
+            # its model in place, so this client trains on its own copy while they do.
+            trains = self.site in header["trainers"]
+            self._accept_learn(header, _private_copy(data) if trains and frames else data)
             return True
         try:
             self.cell.request(
@@ -345,8 +353,12 @@ class SwarmClientController(ClientSideController):
 
     def _gather(self, entry: _Round) -> None:
         try:
-            if not entry.wait_done(self.min_responses_required, self.wait_time_after_min_resps_received,
-                                   self.learn_task_timeout, self.stopped):
+            if not entry.wait_done(
+                self.min_responses_required,
+                self.wait_time_after_min_resps_received,
+                self.learn_task_timeout,
+                self.stopped,
+            ):
                 return
             with self._rounds_lock:
                 entry.closed = True
@@ -401,7 +413,12 @@ class SwarmClientController(ClientSideController):
         data = self.generator.learnable_to_shareable(model)
         frames = self.codec.encode(data, receivers=others) if others else []
         replies = self.cell.broadcast(
-            others, CCWF_CHANNEL, self._topic(FINAL), {"round": self.end_round - 1}, frames, self.final_result_ack_timeout
+            others,
+            CCWF_CHANNEL,
+            self._topic(FINAL),
+            {"round": self.end_round - 1},
+            frames,
+            self.final_result_ack_timeout,
         )
         for site, reply in replies.items():
             if reply.status is not Status.OK:
@@ -499,6 +516,21 @@ def _rotate(clients: list[str], current_round: int) -> list[str]:
     """``clients`` starting at the round's turn: aggregation moves from client to client."""
     start = current_round % len(clients)
     return clients[start:] + clients[:start]
+
+
+def _private_copy(data: Shareable) -> Shareable:
+    """``data`` with the tensors of its model copied: a model this client may change while it is served."""
+    private = Shareable(data)
+    for key, value in private.items():
+        if isinstance(value, DXO):
+            private[key] = dataclasses.replace(value, data=_cloned(value.data))
+        elif isinstance(value, FLModel) and value.params is not None:
+            private[key] = dataclasses.replace(value, params=_cloned(value.params))
+    return private
+
+
+def _cloned(values: dict[str, Any]) -> dict[str, Any]:
+    return {name: value.clone() if hasattr(value, "clone") else copy.deepcopy(value) for name, value in values.items()}
 
 
 def _in_memory(params: dict[str, Any]) -> dict[str, Any]:

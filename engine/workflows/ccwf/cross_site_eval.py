@@ -154,7 +154,7 @@ def _cell(task: Task, site: str) -> dict[str, Any]:
         return {"error": "never took the task"}
     result = client_task.result
     if client_task.status is not TaskCompletionStatus.OK or result is None:
-        reason = client_task.reason or (result.get_header(REASON_HEADER) if result is not None else None)
+        reason = (result.get_header(REASON_HEADER) if result is not None else None) or client_task.reason
         status = client_task.status.value if client_task.status else "no result"
         return {"error": f"{status}: {reason}" if reason else status}
     if result.get_return_code() is not ReturnCode.OK:

@@ -105,17 +105,19 @@ class ServerSideController(Controller):
 
     def run(self) -> None:
         participants = self.participants()
-        config = self.workflow_config(participants)
-        replies = self._configure(participants, config)
-        if replies is None:
-            return
-        self.configured(replies)
+        starter = ""
         if self.starts():
             starter = self.starting_client or participants[0]
             if starter not in participants:
                 raise WorkflowError(f"starting_client {starter!r} is not a participating client ({participants})")
-            if not self._start(starter):
-                return
+        config = self.workflow_config(participants)
+        config["starting_client"] = starter
+        replies = self._configure(participants, config)
+        if replies is None:
+            return
+        self.configured(replies)
+        if starter and not self._start(starter):
+            return
         self.follow_clients(participants)
 
     def participants(self) -> list[str]:
@@ -154,7 +156,8 @@ class ServerSideController(Controller):
         failures = failed_clients(task, [starter])
         if failures:
             raise WorkflowError(
-                f"{task.name} failed on {starter} (start_task_timeout={self.start_task_timeout:g} s): {failures[starter]}"
+                f"{task.name} failed on {starter} "
+                f"(start_task_timeout={self.start_task_timeout:g} s): {failures[starter]}"
             )
         log.info("workflow started by %s prefix=%s", starter, self.task_name_prefix)
         return True
@@ -175,7 +178,12 @@ class ServerSideController(Controller):
                 if status.error:
                     raise WorkflowError(f"{site} reported an error: {status.error}")
             finished = sorted(
-                (done for status in statuses.values() for done in status.rounds_done if isinstance(done.get("round"), int)),
+                (
+                    done
+                    for status in statuses.values()
+                    for done in status.rounds_done
+                    if isinstance(done.get("round"), int)
+                ),
                 key=lambda done: done["round"],
             )
             for done in finished:
@@ -214,7 +222,8 @@ class ServerSideController(Controller):
                 )
             if now - last_progress > self.progress_timeout:
                 where = ", ".join(
-                    f"{site}: round {entry.status.round} {entry.status.phase}" for site, entry in sorted(reports.items())
+                    f"{site}: round {entry.status.round} {entry.status.phase}"
+                    for site, entry in sorted(reports.items())
                 )
                 raise WorkflowError(
                     f"no progress for {now - last_progress:.0f} s (progress_timeout={self.progress_timeout:g} s); "
@@ -234,7 +243,7 @@ def failed_clients(task: Task, targets: list[str]) -> dict[str, str]:
         code = result.get_return_code() if result is not None else None
         if client_task.status is TaskCompletionStatus.OK and code is ReturnCode.OK:
             continue
-        reason = client_task.reason or (result.get_header(REASON_HEADER) if result is not None else None)
+        reason = (result.get_header(REASON_HEADER) if result is not None else None) or client_task.reason
         status = client_task.status.value if client_task.status else "no result"
         failures[site] = f"{status}: {reason}" if reason else status
     return failures

@@ -4,12 +4,8 @@ the faults (disk full, a client killed mid-upload, a crashed server's leftovers)
 from __future__ import annotations
 
 import io
-import os
 import re
-import signal
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,8 +15,8 @@ from safetensors.torch import load_file
 from engine.config import job_code_on_path
 from engine.runtime.simulator import run_simulation
 from engine.runtime.states import JobState
-from tests.integration.runtime.conftest import processes_mentioning, read_json
-from tests.integration.runtime.jobkit import expected_delta, make_bench_job
+from tests.integration.runtime.conftest import read_json
+from tests.integration.runtime.jobkit import expected_delta, in_background, kill_when_a_download_starts, make_bench_job
 
 
 def initial_model(job: Path, layers: int, width: int) -> dict[str, torch.Tensor]:
@@ -65,40 +61,6 @@ def test_the_model_is_the_analytic_one_on_and_off_and_no_file_is_left(
         assert "downloads go to disk" in log
     else:
         assert all("disk_bytes_left" not in r for r in rounds) and not downloads.exists()
-
-
-def pids_of(*words: str) -> list[int]:
-    """Pids of live processes whose command line holds all ``words``."""
-    found = []
-    for line in processes_mentioning(words[0]):
-        if all(word in line for word in words):
-            found.append(int(line.split(":", 1)[0]))
-    return found
-
-
-def kill_when_a_download_starts(folder: Path, *words: str, timeout_s: float = 60.0) -> bool:
-    """SIGKILL the processes named by ``words`` as soon as a disk download appears under ``folder``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if folder.exists() and any(folder.glob("run-*/xfer-*")):
-            for pid in pids_of(*words):
-                os.kill(pid, signal.SIGKILL)
-            return True
-        time.sleep(0.005)
-    return False
-
-
-def in_background(function, *args):
-    """Run ``function(*args)`` in a thread; return a callable that joins it and gives its result."""
-    box: dict[str, object] = {}
-    thread = threading.Thread(target=lambda: box.setdefault("result", function(*args)), daemon=True)
-    thread.start()
-
-    def join():
-        thread.join(120)
-        return box["result"]
-
-    return join
 
 
 BIG = {"layers": 1, "width": 4096, "chunk_bytes": 16384}  # 64 MiB in 16 KiB chunks: a slow upload

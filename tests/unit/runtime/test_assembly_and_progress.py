@@ -445,3 +445,37 @@ def test_run_help_documents_clients_and_workspace(capsys: pytest.CaptureFixture[
     assert "-n N, --clients N" in out
     assert "--workspace DIR" in out
     assert "a new or empty folder" in out
+
+
+def test_summary_table_shows_the_cross_site_matrix_one_metric_per_cell() -> None:
+    summary = {
+        "status": "FINISHED_COMPLETED",
+        "cross_site_val": {
+            "site-1": {"global (site-1)": {"accuracy": 0.91234, "loss": 0.3}, "site-2": {"accuracy": 0.8}},
+            "site-2": {"global (site-1)": {"accuracy": 0.9}, "site-2": {"error": "ERROR: no data"}},
+        },
+    }
+
+    lines = summary_table(summary)
+
+    start = lines.index("cross-site evaluation (accuracy; rows: evaluators, columns: models)")
+    header, first, second = lines[start + 1 : start + 4]
+    assert header.split() == ["global", "(site-1)", "site-2"]
+    assert first.split() == ["site-1", "0.9123", "0.8000"]
+    assert second.split() == ["site-2", "0.9000", "error"]
+
+
+def test_swarm_rounds_show_their_own_number_and_workflow_lines_their_name(out: io.StringIO) -> None:
+    printer = ProgressPrinter(out, ["site-1"])
+
+    printer.show({"event": "workflow_started", "workflow": "swarm"})
+    printer.show({"event": "task_sent", "site": "site-1", "task": "swarm_config"})
+    printer.show({"event": "round_started", "round": 1, "total_rounds": 3, "clients": []})
+    printer.show({"event": "round_done", "round": 0, "time_s": 1.0, "clients": ["site-1"]})
+
+    assert out.getvalue().splitlines() == [
+        "workflow swarm started",
+        "[swarm] site-1: swarm_config started",
+        "[round 2/3] started",
+        "[round 1/3] done in 1.00 s, 1 result",
+    ]

@@ -3,6 +3,8 @@
 Site k adds ``k * 0.001`` to every parameter and reports ``NUM_STEPS_CURRENT_ROUND = k * 100``.
 ``--fault KIND --fault-site SITE --fault-round R`` makes that site misbehave in that round
 (0-based): raise, kill (its whole client process), bad_shape, sleep (``--sleep-s``).
+Cross-site evaluation: ``submit_model`` sends the site's last trained model, ``validate`` the
+mean of the received parameters as the metric ``mean``.
 """
 
 from __future__ import annotations
@@ -27,10 +29,18 @@ args = parser.parse_args()
 flare.init()
 site = flare.get_site_name()
 k = int(site.rsplit("-", 1)[-1])
+last = None
 while flare.is_running():
     model = flare.receive()
     if model is None:
         break
+    if flare.get_task_name() == "submit_model":
+        flare.send(FLModel(params=last or {}))
+        continue
+    if flare.is_evaluate():
+        values = torch.cat([tensor.double().flatten() for tensor in model.params.values()])
+        flare.send(FLModel(metrics={"mean": values.mean().item()}))
+        continue
     faulty = args.fault != "none" and site == args.fault_site and model.current_round == args.fault_round
     if faulty and args.fault == "raise":
         raise RuntimeError(f"injected failure on {site} in round {model.current_round}")
@@ -42,4 +52,5 @@ while flare.is_running():
     if faulty and args.fault == "bad_shape":
         name = next(iter(params))
         params[name] = torch.zeros(3, 3)
+    last = params
     flare.send(FLModel(params=params, meta={"NUM_STEPS_CURRENT_ROUND": k * 100}))

@@ -1,0 +1,176 @@
+"""Swarm learning and cross-site evaluation in real jobs: the analytic model with download_to_disk
+on and off, the cross-site matrix, and the faults (a trainer killed mid-upload, the aggregation
+client dying, progress stalling, an evaluator failing one validation)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.config import job_code_on_path
+from engine.runtime.states import JobState
+from tests.integration.runtime.conftest import read_json
+from tests.integration.runtime.jobkit import (
+    expected_delta,
+    in_background,
+    kill_when_a_download_starts,
+    make_swarm_job,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+SITES = ["site-1", "site-2", "site-3"]
+
+
+def initial_model(job: Path, layers: int, width: int) -> dict[str, torch.Tensor]:
+    with job_code_on_path(job / "app" / "custom"):
+        from benchnet_model import BenchNet
+
+        return {name: t.detach().clone() for name, t in BenchNet(layers=layers, width=width).state_dict().items()}
+
+
+def final_model(workspace: Path, site: str) -> dict[str, torch.Tensor]:
+    return load_file(workspace / site / "models" / "global.safetensors")
+
+
+def assert_moved_by(final: dict[str, torch.Tensor], initial: dict[str, torch.Tensor], delta: float) -> None:
+    for name, tensor in initial.items():
+        assert torch.allclose(final[name].double(), tensor.double() + delta, rtol=0, atol=1e-6), name
+
+
+def downloads_left(workspace: Path) -> list[Path]:
+    return [path for site in SITES for path in (workspace / site / "downloads").glob("**/*")]
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["disk-off", "disk-on"])
+def test_the_swarm_model_is_fedavgs_on_and_off_and_no_file_is_left(simulate, tmp_path: Path, on: bool) -> None:
+    job = make_swarm_job(tmp_path, num_rounds=2, width=64, controller_args={"download_to_disk": on})
+    initial = initial_model(job, 2, 64)
+
+    result, output = simulate(job)
+
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    workspace = tmp_path / "workspace"
+    for site in SITES:  # every result client has the final model: two rounds of FedAvg's update
+        assert_moved_by(final_model(workspace, site), initial, 2 * expected_delta(3))
+    summary = read_json(workspace / "summary.json")
+    assert [(r["round"], r["aggregator"], r["clients"]) for r in summary["rounds"]] == [
+        (0, "site-1", SITES),
+        (1, "site-2", SITES),
+    ]
+    assert downloads_left(workspace) == []
+    if on:
+        log = (workspace / "site-1" / "log.txt").read_text()
+        assert "downloads go to disk" in log
+    server_rss = summary["processes"]["server"]["peak_rss_mb"]
+    assert server_rss < 500, "the server never holds a model"
+
+
+def test_cross_site_matrix_has_every_model_and_the_one_failed_validation(simulate, tmp_path: Path) -> None:
+    job = make_swarm_job(
+        tmp_path, num_rounds=2, cross_site_eval=True, validator_args={"fail_site": "site-2", "fail_call": 2}
+    )
+    initial = initial_model(job, 2, 32)
+    start_mean = torch.cat([t.double().flatten() for t in initial.values()]).mean().item()
+
+    result, output = simulate(job)
+
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    matrix = read_json(tmp_path / "workspace" / "server" / "cross_site_val.json")
+    models = ["global (site-1)", *SITES]
+    assert sorted(matrix) == SITES and all(sorted(row) == sorted(models) for row in matrix.values())
+    # Each site's own model: the last round's start (one round of updates) plus its own step.
+    expected = {"global (site-1)": start_mean + 2 * expected_delta(3)}
+    expected |= {site: start_mean + expected_delta(3) + k * 0.001 for k, site in enumerate(SITES, 1)}
+    failed = [(site, model) for site, row in matrix.items() for model, cell in row.items() if "error" in cell]
+    assert failed == [("site-2", "site-1")], matrix  # site-2's second validation: site-1's model
+    assert "injected validation failure on site-2" in matrix["site-2"]["site-1"]["error"]
+    for site, row in matrix.items():
+        for model, cell in row.items():
+            if (site, model) not in failed:
+                assert cell["mean"] == pytest.approx(expected[model], abs=1e-6), (site, model)
+    assert "cross-site evaluation (mean; rows: evaluators, columns: models)" in output
+    assert "error" in output.split("cross-site evaluation")[-1]
+
+
+BIG = {"layers": 1, "width": 2048, "chunk_bytes": 16384}  # 16 MiB in 16 KiB chunks: a slow upload
+
+
+def test_a_trainer_killed_mid_upload_leaves_the_round_to_the_others(simulate, tmp_path: Path) -> None:
+    job = make_swarm_job(
+        tmp_path,
+        num_rounds=2,
+        swarm_args={"min_clients": 2},
+        controller_args={"download_to_disk": True, "min_responses_required": 2, "learn_task_ack_timeout": 5},
+        **BIG,
+    )
+    initial = initial_model(job, 1, 2048)
+    aggregator_downloads = tmp_path / "workspace" / "site-1" / "downloads"  # round 0's aggregation client
+    finished = in_background(simulate, job)
+
+    killed = kill_when_a_download_starts(aggregator_downloads, str(tmp_path), "--site site-3")
+    result, output = finished()
+
+    assert killed, output
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    rounds = read_json(tmp_path / "workspace" / "summary.json")["rounds"]
+    assert rounds[-1]["clients"] == ["site-1", "site-2"]
+    deltas = [expected_delta(3, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
+    for site in ("site-1", "site-2"):
+        assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
+    assert "site-3 stopped answering" in output
+    assert [
+        p for site in ("site-1", "site-2") for p in (tmp_path / "workspace" / site / "downloads").glob("**/*")
+    ] == []
+
+
+def test_the_job_ends_with_the_reason_when_the_aggregation_client_dies(simulate, tmp_path: Path) -> None:
+    job = make_swarm_job(  # site-2 aggregates round 1 and dies as it starts training it
+        tmp_path,
+        num_rounds=2,
+        script_args="--fault kill --fault-site site-2 --fault-round 1",
+        swarm_args={"min_clients": 2},
+        controller_args={"request_to_submit_result_max_wait": 4, "request_to_submit_result_interval": 0.5},
+    )
+
+    result, output = simulate(job)
+
+    assert result.state is JobState.FINISHED_EXECUTION_EXCEPTION, output
+    reason = read_json(tmp_path / "workspace" / "summary.json")["reason"]
+    assert "could not hand the result to aggregation client site-2" in reason, reason
+    assert "request_to_submit_result_max_wait=4 s" in reason
+
+
+def test_progress_timeout_ends_a_stalled_swarm(simulate, tmp_path: Path) -> None:
+    job = make_swarm_job(  # site-2 never finishes training round 0, and the round needs all three
+        tmp_path,
+        num_rounds=2,
+        script_args="--fault sleep --fault-site site-2 --fault-round 0 --sleep-s 8",
+        swarm_args={"progress_timeout": 3},
+    )
+
+    result, output = simulate(job)
+
+    assert result.state is JobState.FINISHED_EXECUTION_EXCEPTION, output
+    reason = read_json(tmp_path / "workspace" / "summary.json")["reason"]
+    assert "(progress_timeout=3 s)" in reason and "site-2: round 0 training" in reason, reason
+
+
+def test_jobs_swarm_trains_the_digits_model_and_prints_the_matrix(simulate, tmp_path: Path) -> None:
+    result, output = simulate(REPO / "jobs" / "swarm")
+
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    workspace = tmp_path / "workspace"
+    summary = read_json(workspace / "summary.json")
+    assert [r["round"] for r in summary["rounds"]] == [0, 1, 2]
+    assert [r["aggregator"] for r in summary["rounds"]] == SITES  # aggregation moves from client to client
+    assert "[round 3/3] done" in output and "cross-site evaluation (accuracy;" in output
+    finals = [final_model(workspace, site) for site in SITES]
+    assert all(torch.equal(finals[0][name], other[name]) for other in finals[1:] for name in finals[0])
+    matrix = read_json(workspace / "server" / "cross_site_val.json")
+    assert sorted(matrix) == SITES
+    assert all(sorted(row) == ["global (site-1)", *SITES] for row in matrix.values())
+    assert all(row["global (site-1)"]["accuracy"] >= 0.85 for row in matrix.values()), matrix
+    assert not (workspace / "server" / "models").exists()  # the server never held a model

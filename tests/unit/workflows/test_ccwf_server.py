@@ -1,0 +1,230 @@
+"""The server side of client-controlled workflows against a real task queue, the test playing the
+clients: config and start tasks, then the status reports that end the workflow, or fail it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.controller import TaskQueue
+from engine.controller.context import JobContext, ReceivedStatus
+from engine.errors import WorkflowError
+from engine.model import FLModel, ReturnCode, Shareable, make_reply, shareable_from_model
+from engine.model.ccwf import CONFIG_KEY, GLOBAL_MODELS_KEY, WorkflowStatus
+from engine.workflows.ccwf import CrossSiteEvalServerController, SwarmServerController
+from engine.workflows.ccwf.cross_site_eval import RESULT_FILE
+
+CLIENTS = ["site-1", "site-2", "site-3"]
+
+
+class Clients:
+    """What the clients told the server: status reports, and the events the workflow reported."""
+
+    def __init__(self) -> None:
+        self.reports: dict[str, ReceivedStatus] = {}
+        self.dead: set[str] = set()
+        self.events: list[tuple[str, dict]] = []
+
+    def status(self, site: str, **fields) -> None:
+        self.reports[site] = ReceivedStatus(time.monotonic(), WorkflowStatus("swarm", **fields))
+
+    def context(self, workspace: Path) -> JobContext:
+        return JobContext(
+            workspace=workspace,
+            report=lambda event, **fields: self.events.append((event, fields)),
+            status_reports=lambda workflow: dict(self.reports) if workflow == "swarm" else {},
+            dead_clients=lambda: set(self.dead),
+        )
+
+
+@pytest.fixture
+def start(tmp_path: Path):
+    """Run a workflow in a thread against a real queue; yield (queue, clients, thread)."""
+    queues = []
+
+    def run(workflow) -> tuple[TaskQueue, Clients, threading.Thread]:
+        queue = TaskQueue(CLIENTS)
+        clients = Clients()
+        workflow.bind(queue, context=clients.context(tmp_path))
+        errors: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                workflow.run()
+            except BaseException as e:  # noqa: BLE001 - handed to the test
+                errors.append(e)
+
+        thread = threading.Thread(target=target, daemon=True)
+        thread.errors = errors  # type: ignore[attr-defined]
+        thread.start()
+        queues.append(queue)
+        return queue, clients, thread
+
+    yield run
+    for queue in queues:
+        queue.end_run()
+
+
+def answer(queue: TaskQueue, site: str, task_name: str, result: Shareable | None = None) -> Shareable:
+    """Take ``site``'s next task (it must be ``task_name``) and answer it OK; return its data."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        assignment = queue.next_task(site)
+        if assignment is not None:
+            assert assignment.task_name == task_name
+            reply = result if result is not None else make_reply(ReturnCode.OK)
+            queue.submit(site, assignment.task_id, reply)
+            return assignment.data
+        time.sleep(0.01)
+    raise AssertionError(f"{site} got no {task_name} task")
+
+
+def configure_and_start(queue: TaskQueue, starter: str = "site-1") -> dict:
+    configs = [answer(queue, site, "swarm_config") for site in CLIENTS]
+    answer(queue, starter, "swarm_start")
+    return configs[0][CONFIG_KEY]
+
+
+def finish(thread: threading.Thread) -> list[BaseException]:
+    thread.join(10)
+    assert not thread.is_alive()
+    return thread.errors  # type: ignore[attr-defined]
+
+
+def test_swarm_configures_starts_and_ends_when_a_client_reports_all_done(start) -> None:
+    queue, clients, thread = start(
+        SwarmServerController(num_rounds=2, aggr_clients=["site-2", "site-3"], result_clients=["site-1"])
+    )
+
+    config = configure_and_start(queue)
+    done = [{"round": 1, "time_s": 0.5, "metrics": {}, "clients": CLIENTS}, {"round": 0, "time_s": 1.0}]
+    clients.status("site-2", round=1, phase="idle", progress=4, rounds_done=done)
+    clients.status("site-3", round=1, phase="done", progress=7, all_done=True)
+
+    assert finish(thread) == []
+    assert config["aggr_clients"] == ["site-2", "site-3"] and config["train_clients"] == CLIENTS
+    assert config["result_clients"] == ["site-1"] and config["num_rounds"] == 2
+    rounds = [fields["round"] for event, fields in clients.events if event == "round_done"]
+    assert rounds == [0, 1]  # once each, in order
+
+
+def test_a_client_error_ends_the_swarm_with_its_reason(start) -> None:
+    queue, clients, thread = start(SwarmServerController(num_rounds=2))
+
+    configure_and_start(queue)
+    clients.status("site-2", round=0, error="round 0 on site-2: disk full")
+
+    [error] = finish(thread)
+    assert isinstance(error, WorkflowError) and "site-2 reported an error: round 0 on site-2: disk full" in str(error)
+
+
+def test_no_progress_for_progress_timeout_ends_the_swarm(start) -> None:
+    queue, clients, thread = start(SwarmServerController(num_rounds=2, progress_timeout=1.0))
+
+    configure_and_start(queue)
+    for site in CLIENTS:  # they keep reporting, but nothing moves
+        clients.status(site, round=0, phase="training", progress=3)
+    deadline = time.monotonic() + 5
+    while thread.is_alive() and time.monotonic() < deadline:
+        for site in CLIENTS:
+            clients.status(site, round=0, phase="training", progress=3)
+        time.sleep(0.1)
+
+    [error] = finish(thread)
+    assert "(progress_timeout=1 s)" in str(error) and "site-2: round 0 training" in str(error)
+
+
+def test_a_dead_client_is_left_behind_while_min_clients_are_left(start) -> None:
+    queue, clients, thread = start(SwarmServerController(num_rounds=2, min_clients=2, max_status_report_interval=30))
+
+    configure_and_start(queue)
+    clients.dead.add("site-3")
+    time.sleep(1.0)
+    assert thread.is_alive()  # two of three left: it goes on
+    clients.dead.add("site-2")
+
+    [error] = finish(thread)
+    assert "too few clients left: site-2, site-3 lost" in str(error) and "min_clients=2" in str(error)
+    notes = [fields["message"] for event, fields in clients.events if event == "workflow_note"]
+    assert "site-3 stopped answering; going on without it" in notes
+
+
+def test_a_failed_config_task_ends_the_swarm_naming_the_client(start) -> None:
+    queue, clients, thread = start(SwarmServerController(num_rounds=1))
+
+    failure = make_reply(ReturnCode.EXECUTION_EXCEPTION)
+    failure.set_header("reason", "no component with id 'aggregator'")
+    answer(queue, "site-1", "swarm_config")
+    answer(queue, "site-2", "swarm_config", failure)
+    answer(queue, "site-3", "swarm_config")
+
+    [error] = finish(thread)
+    assert "swarm_config failed" in str(error) and "site-2: ERROR: no component with id 'aggregator'" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"aggr_clients": ["site-9"]}, "aggr_clients: site-9 not among the participating clients"),
+        ({"participating_clients": ["site-1", "site-7"]}, "participating_clients: site-7 not among the job's clients"),
+        ({"starting_client": "site-4", "participating_clients": ["site-1"]}, "starting_client 'site-4'"),
+    ],
+)
+def test_unknown_clients_in_the_args_are_named(start, args: dict, message: str) -> None:
+    queue, clients, thread = start(SwarmServerController(num_rounds=1, **args))
+
+    [error] = finish(thread)
+    assert message in str(error)
+
+
+def metrics_reply(value: float) -> Shareable:
+    reply = shareable_from_model(FLModel(metrics={"accuracy": value}))
+    reply.set_return_code(ReturnCode.OK)
+    return reply
+
+
+def test_cross_site_eval_fills_the_matrix_and_writes_it(start, tmp_path: Path) -> None:
+    queue, clients, thread = start(CrossSiteEvalServerController(evaluatees=["site-2"], global_model_client="site-1"))
+
+    holder = Shareable({GLOBAL_MODELS_KEY: ["global"]})
+    holder.set_return_code(ReturnCode.OK)
+    for site in CLIENTS:
+        answer(queue, site, "cse_config", holder if site == "site-1" else None)
+    models = []
+    for _ in range(2):  # the global model, then site-2's
+        for k, site in enumerate(CLIENTS, 1):
+            if site == "site-3" and not models:  # site-3 fails the global model
+                failure = make_reply(ReturnCode.EXECUTION_EXCEPTION)
+                failure.set_header("reason", "validation data missing")
+                data = answer(queue, site, "cse_eval", failure)
+            else:
+                data = answer(queue, site, "cse_eval", metrics_reply(k / 10))
+        models.append(data["model_name"])
+
+    assert finish(thread) == []
+    assert models == ["global", "local"]
+    matrix = json.loads((tmp_path / RESULT_FILE).read_text())
+    assert matrix == {
+        "site-1": {"global (site-1)": {"accuracy": 0.1}, "site-2": {"accuracy": 0.1}},
+        "site-2": {"global (site-1)": {"accuracy": 0.2}, "site-2": {"accuracy": 0.2}},
+        "site-3": {"global (site-1)": {"error": "ERROR: validation data missing"}, "site-2": {"accuracy": 0.3}},
+    }
+    [(event, fields)] = [(e, f) for e, f in clients.events if e == "cross_site_val"]
+    assert fields["matrix"] == matrix
+
+
+def test_cross_site_eval_refuses_nothing_to_evaluate() -> None:
+    with pytest.raises(ValueError, match="cannot both be '@none'"):
+        CrossSiteEvalServerController(evaluatees="@none", global_model_client="@none")
+
+
+def test_a_status_survives_its_header_and_a_malformed_one_is_refused() -> None:
+    status = WorkflowStatus("swarm", round=3, phase="training", progress=9, rounds_done=[{"round": 2}])
+
+    assert WorkflowStatus.from_header(status.to_header()) == status
+    with pytest.raises(ValueError, match="malformed workflow status"):
+        WorkflowStatus.from_header({"round": 1})
