@@ -17,6 +17,7 @@ from engine.errors import SerializationError
 from engine.fobs import DecodeContext, EncodeContext, Registry, deserialize, serialize
 from engine.streaming.service import ConsumerFactory
 from engine.streaming.via_downloader import (
+    OFFERS_PROP,
     RECEIVERS_PROP,
     STREAMING_PROP,
     StreamingContext,
@@ -47,17 +48,21 @@ class MessageCodec:
         self._registry = registry
         self.context = context
 
-    def encode(self, obj: Any, receivers: Sequence[str] | None = None) -> list[Any]:
+    def encode(self, obj: Any, receivers: Sequence[str] | None = None, offers: list[str] | None = None) -> list[Any]:
         """Serialize ``obj`` into frames: the FOBS header first, then its datums.
 
         Args:
             obj: What to send.
             receivers: The cells that will decode it (its download is released once all are
                 done); None: anyone, released on timeout or when the service closes.
+            offers: A list that gets the ref ids of the downloads the message offers, to wait
+                for their receivers with `DownloadService.wait_finished`.
         """
         props: dict[str, Any] = {STREAMING_PROP: self.context}
         if receivers is not None:
             props[RECEIVERS_PROP] = list(receivers)
+        if offers is not None:
+            props[OFFERS_PROP] = offers
         header, frames = serialize(obj, EncodeContext(props=props), self._registry)
         return [header, *frames]
 

@@ -116,6 +116,15 @@ class DownloadService:
             downloadable.release()
             raise
 
+    def wait_finished(self, refs: Iterable[str], idle_limit_s: float, stop: threading.Event | None = None) -> bool:
+        """Wait until every receiver of the offers ``refs`` finished (see `DownloadRegistry.wait_finished`)."""
+        return self.registry.wait_finished(refs, idle_limit_s, stop)
+
+    def drop_receiver(self, refs: Iterable[str], receiver: str) -> None:
+        """Stop waiting for ``receiver`` on the offers ``refs`` (it will never pull: it did not take the message)."""
+        for ref in refs:
+            self.registry.finish(ref, receiver)
+
     def close(self) -> None:
         """Stop serving: unregister the handlers and free every downloadable."""
         if self._closed.is_set():

@@ -44,6 +44,7 @@ class DownloadRegistry:
         self._clock = clock
         self._transactions: dict[str, _Transaction] = {}
         self._lock = threading.Lock()
+        self._gone = threading.Condition(self._lock)  # notified whenever transactions end
         self._closed = False
 
     def add(self, downloadable: Downloadable, receivers: Iterable[str] | None, timeout_s: float) -> str:
@@ -105,6 +106,7 @@ class DownloadRegistry:
             if transaction.receivers is None or not transaction.receivers <= transaction.done:
                 return False
             del self._transactions[ref]
+            self._gone.notify_all()
         transaction.downloadable.release()
         log.debug("download finished ref=%s receivers=%d", ref, len(transaction.done))
         return True
@@ -116,6 +118,8 @@ class DownloadRegistry:
             expired = {ref: t for ref, t in self._transactions.items() if t.deadline <= now}
             for ref in expired:
                 del self._transactions[ref]
+            if expired:
+                self._gone.notify_all()
         for ref, transaction in expired.items():
             pending = sorted((transaction.receivers or frozenset()) - transaction.done)
             log.warning("download timed out ref=%s unfinished_receivers=%s", ref, pending)
@@ -127,8 +131,30 @@ class DownloadRegistry:
         with self._lock:
             self._closed = True
             transactions, self._transactions = list(self._transactions.values()), {}
+            self._gone.notify_all()
         for transaction in transactions:
             transaction.downloadable.release()
+
+    def wait_finished(self, refs: Iterable[str], idle_limit_s: float, stop: threading.Event | None = None) -> bool:
+        """Wait until the transactions ``refs`` have ended (every receiver finished, or dropped).
+
+        Returns:
+            True once they have; False as soon as every one still open has had no request for
+            ``idle_limit_s`` seconds (its receivers are not pulling: gone, or stuck), or ``stop``
+            is set.
+        """
+        refs = set(refs)
+        with self._gone:
+            while True:
+                open_ = [self._transactions[ref] for ref in refs if ref in self._transactions]
+                if not open_:
+                    return True
+                now = self._clock()
+                if stop is not None and stop.is_set():
+                    return False
+                if all(now - (t.deadline - t.timeout_s) >= idle_limit_s for t in open_):
+                    return False
+                self._gone.wait(0.2)
 
     def __len__(self) -> int:
         with self._lock:

@@ -35,6 +35,8 @@ from engine.streaming.service import DEFAULT_MAX_IN_FLIGHT, ConsumerFactory, Dow
 STREAMING_PROP = "streaming"
 #: Key of the message's receivers (FQCNs) in ``EncodeContext.props``.
 RECEIVERS_PROP = "receivers"
+#: Key of a list in ``EncodeContext.props`` that collects the ref ids of the message's offers.
+OFFERS_PROP = "offers"
 #: Defaults of the job config's streaming settings (as in ``schemas/common.schema.json``).
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024
 DEFAULT_PER_REQUEST_TIMEOUT_S = 600.0
@@ -149,6 +151,9 @@ class _ViaDownloader(ABC):
         ref = context.service.add_tensors(
             ctx.state[self.kind], self.chunk_bytes(context), receivers, context.transaction_timeout_s
         )
+        offers = ctx.props.get(OFFERS_PROP)
+        if offers is not None:
+            offers.append(ref)
         reference = msgpack.packb({"ref": ref, "owner": context.cell.fqcn})
         ctx.add_datum(Datum(reference, self.dot))
 

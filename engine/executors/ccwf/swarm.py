@@ -29,6 +29,7 @@ from engine.model import DXO, FLModel, ReservedHeaderKey, ReturnCode, Shareable,
 from engine.model.ccwf import CCWF_CHANNEL
 from engine.persistors import ModelPersistor
 from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
+from engine.streaming.service import DownloadService
 
 log = logging.getLogger(__name__)
 
@@ -203,29 +204,31 @@ class SwarmClientController(ClientSideController):
         for aggr in candidates:
             header = {"round": current_round, "aggr": aggr, "trainers": self.train_clients}
             peers = [site for site in dict.fromkeys([aggr, *self.train_clients]) if site != self.site]
-            frames = self.codec.encode(data, receivers=peers) if peers else []
-            if self._deliver(aggr, header, data, frames):
+            offers: list[str] = []
+            frames = self.codec.encode(data, receivers=peers, offers=offers) if peers else []
+            if self._deliver(aggr, header, data, frames, offers):
                 break
             unreachable.append(aggr)
+            self._service.drop_receiver(offers, aggr)
         else:
             raise RuntimeError(
                 f"round {current_round}: no aggregation client took the model "
                 f"(aggr_clients: {', '.join(candidates)}; {self.learn_task_ack_timeout:g} s each)"
             )
         for trainer in self.train_clients:
-            if trainer != aggr and not self._deliver(trainer, header, data, frames):
+            if trainer != aggr and not self._deliver(trainer, header, data, frames, offers):
                 unreachable.append(trainer)
+                self._service.drop_receiver(offers, trainer)
         if unreachable:
             log.warning("round %d: not delivered to %s", current_round, ", ".join(unreachable))
         log.info("round started round=%d aggr=%s trainers=%s", current_round, aggr, self.train_clients)
 
-    def _deliver(self, site: str, header: dict[str, Any], data: Shareable, frames: list[Any]) -> bool:
+    def _deliver(
+        self, site: str, header: dict[str, Any], data: Shareable, frames: list[Any], offers: list[str]
+    ) -> bool:
         """Hand the round's model to ``site``: straight to the inbox when it is this client."""
         if site == self.site:
-            # Peers pull the round's model from these very tensors; a training script may change
-            # its model in place, so this client trains on its own copy while they do.
-            trains = self.site in header["trainers"]
-            self._accept_learn(header, _private_copy(data) if trains and frames else data)
+            self._accept_learn(header, data, offers)
             return True
         try:
             self.cell.request(
@@ -236,38 +239,47 @@ class SwarmClientController(ClientSideController):
             log.warning("round %s not taken by %s: %s", header["round"], site, e)
             return False
 
+    @property
+    def _service(self) -> DownloadService:
+        service = self.codec.context.service
+        assert service is not None
+        return service
+
     # ----------------------------------------------------------------- receiving a round
 
     def _on_learn(self, message: Message) -> Reply:
         header = dict(message.header)
-        self._accept_learn(header, list(message.frames))
+        self._accept_learn(header, list(message.frames), [])
         return Reply(header={})
 
-    def _accept_learn(self, header: dict[str, Any], payload: Any) -> None:
+    def _accept_learn(self, header: dict[str, Any], payload: Any, served: list[str]) -> None:
+        """Queue the round's model for the learner; ``served``: offers of it that peers are pulling."""
         current_round = int(header["round"])
         if header["aggr"] == self.site:
             self._round(current_round, list(header["trainers"]))
-        self._inbox.put((header, payload))
+        self._inbox.put((header, payload, served))
 
     def _learn_loop(self) -> None:
         while not self.stopped.is_set():
             try:
-                header, payload = self._inbox.get(timeout=0.2)
+                header, payload, served = self._inbox.get(timeout=0.2)
             except queue.Empty:
                 continue
             try:
-                self._learn(header, payload)
+                self._learn(header, payload, served)
             except Exception as e:
                 log.exception("round %s failed on %s", header.get("round"), self.site)
                 self.update_status(error=f"round {header.get('round')} on {self.site}: {type(e).__name__}: {e}")
             del payload
 
-    def _learn(self, header: dict[str, Any], payload: Any) -> None:
+    def _learn(self, header: dict[str, Any], payload: Any, served: list[str]) -> None:
         current_round, aggr = int(header["round"]), str(header["aggr"])
         trains = self.site in header["trainers"]
         self.update_status(round=current_round, phase="receiving")
         data = payload if isinstance(payload, Shareable) else self.codec.decode(payload)
         del payload
+        if trains and served:
+            data = self._train_after_peers(data, served)
         if aggr == self.site:
             self._round(current_round, list(header["trainers"])).set_base(data)
         if not trains:
@@ -285,6 +297,21 @@ class SwarmClientController(ClientSideController):
         else:
             self._submit(aggr, current_round, list(header["trainers"]), result)
         self.update_status(phase="idle")
+
+    def _train_after_peers(self, data: Shareable, served: list[str]) -> Shareable:
+        """This client's own round model, once the peers have pulled theirs from the same tensors.
+
+        A training script may change its model in place, and the peers must get it unchanged.
+        Waiting costs no round time (the peers cannot train before they have it) and no memory;
+        a peer that stops pulling for ``learn_task_ack_timeout`` seconds gets this client a copy
+        to train instead.
+        """
+        self.update_status(phase="serving")
+        idle_limit_s = max(self.learn_task_ack_timeout, 1.0)
+        if self._service.wait_finished(served, idle_limit_s, self.stopped):
+            return data
+        log.warning("peers stopped pulling the round's model for %.0f s; training a copy", idle_limit_s)
+        return _private_copy(data)
 
     def _submit(self, aggr: str, current_round: int, trainers: list[str], result: Shareable) -> None:
         """Offer the result to the aggregation client, which pulls its tensors when it can."""

@@ -16,7 +16,7 @@ from engine.controller import Task, TaskCompletionStatus
 from engine.errors import WorkflowError
 from engine.model import ReturnCode, Shareable, model_from_shareable
 from engine.model.ccwf import EVAL_TASK, GLOBAL_MODELS_KEY, LOCAL_MODEL, MODEL_NAME_KEY, MODEL_OWNER_KEY
-from engine.workflows.ccwf.server_side import REASON_HEADER, ServerSideController
+from engine.workflows.ccwf.server_side import REASON_HEADER, ServerSideController, clients_among
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +85,12 @@ class CrossSiteEvalServerController(ServerSideController):
 
     def workflow_config(self, participants: list[str]) -> dict[str, Any]:
         config = super().workflow_config(participants)
-        evaluators = self._subset("evaluators", self.evaluators, participants)
+        evaluators = clients_among("evaluators", self.evaluators, participants)
         if self.evaluatees == NONE:
             evaluatees: list[str] = []
         else:
             chosen = None if self.evaluatees is None else list(self.evaluatees)
-            evaluatees = self._subset("evaluatees", chosen, participants)
+            evaluatees = clients_among("evaluatees", chosen, participants)
         holder = "" if self.global_model_client == NONE else (self.global_model_client or participants[0])
         if holder and holder not in participants:
             raise WorkflowError(f"global_model_client {holder!r} is not a participating client ({participants})")
@@ -136,15 +136,6 @@ class CrossSiteEvalServerController(ServerSideController):
         temp.write_text(json.dumps(self.matrix, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         temp.replace(path)
         self.context.report("cross_site_val", matrix=self.matrix, file=str(path))
-
-    @staticmethod
-    def _subset(name: str, chosen: list[str] | None, participants: list[str]) -> list[str]:
-        if chosen is None:
-            return list(participants)
-        outside = [site for site in chosen if site not in participants]
-        if outside:
-            raise WorkflowError(f"{name}: {', '.join(outside)} not among the participating clients ({participants})")
-        return list(chosen)
 
 
 def _cell(task: Task, site: str) -> dict[str, Any]:

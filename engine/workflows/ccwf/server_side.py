@@ -231,6 +231,16 @@ class ServerSideController(Controller):
                 )
 
 
+def clients_among(name: str, chosen: list[str] | None, participants: list[str]) -> list[str]:
+    """The clients an arg names (all participants when None), each checked to be a participant."""
+    if chosen is None:
+        return list(participants)
+    outside = [site for site in chosen if site not in participants]
+    if outside:
+        raise WorkflowError(f"{name}: {', '.join(outside)} not among the participating clients ({participants})")
+    return list(chosen)
+
+
 def failed_clients(task: Task, targets: list[str]) -> dict[str, str]:
     """Why each target of a finished task did not return an OK result (empty when all did)."""
     failures = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import WorkflowError
-from engine.workflows.ccwf.server_side import ServerSideController
+from engine.workflows.ccwf.server_side import ServerSideController, clients_among
 
 #: Task name prefix of Swarm learning; clients route ``swarm_*`` to their `SwarmClientController`.
 SWARM_PREFIX = "swarm"
@@ -68,9 +68,9 @@ class SwarmServerController(ServerSideController):
     def workflow_config(self, participants: list[str]) -> dict[str, Any]:
         config = super().workflow_config(participants)
         config.update(
-            aggr_clients=self._subset("aggr_clients", self.aggr_clients, participants),
-            train_clients=self._subset("train_clients", self.train_clients, participants),
-            result_clients=self._subset("result_clients", self.result_clients, participants),
+            aggr_clients=clients_among("aggr_clients", self.aggr_clients, participants),
+            train_clients=clients_among("train_clients", self.train_clients, participants),
+            result_clients=clients_among("result_clients", self.result_clients, participants),
         )
         if not config["aggr_clients"] or not config["train_clients"]:
             raise WorkflowError("aggr_clients and train_clients must each name at least one participating client")
@@ -79,12 +79,3 @@ class SwarmServerController(ServerSideController):
     def run(self) -> None:
         self.context.report("workflow_note", message=f"swarm: {self.num_rounds} rounds, the clients aggregate")
         super().run()
-
-    @staticmethod
-    def _subset(name: str, chosen: list[str] | None, participants: list[str]) -> list[str]:
-        if chosen is None:
-            return list(participants)
-        outside = [site for site in chosen if site not in participants]
-        if outside:
-            raise WorkflowError(f"{name}: {', '.join(outside)} not among the participating clients ({participants})")
-        return list(chosen)

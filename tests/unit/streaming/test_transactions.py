@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -119,3 +122,36 @@ def test_close_frees_everything() -> None:
 
     assert len(registry) == 0
     assert all(item.tensors == {} for item in served)
+
+
+def test_wait_finished_returns_when_the_last_receiver_is_done() -> None:
+    registry = DownloadRegistry()
+    ref = registry.add(downloadable(), ["site-1", "site-2"], timeout_s=60)
+    waited: list[bool] = []
+    waiter = threading.Thread(target=lambda: waited.append(registry.wait_finished([ref], idle_limit_s=30)))
+    waiter.start()
+
+    registry.chunk(ref, "site-1", 0)
+    registry.finish(ref, "site-1")
+    time.sleep(0.3)
+    assert waiter.is_alive()  # site-2 has not pulled yet
+    registry.finish(ref, "site-2")
+    waiter.join(5)
+
+    assert waited == [True]
+
+
+def test_wait_finished_gives_up_on_receivers_that_stopped_pulling() -> None:
+    clock = FakeClock()
+    registry = DownloadRegistry(clock)
+    ref = registry.add(downloadable(), ["site-1"], timeout_s=60)
+    clock.now = 5.0
+    registry.chunk(ref, "site-1", 0)  # a request at t=5 ...
+
+    clock.now = 9.0
+    assert registry.wait_finished([ref], idle_limit_s=4.0) is False  # no request for 4 s: gives up
+    assert len(registry) == 1  # the offer itself stays until its own timeout
+    stop = threading.Event()
+    stop.set()
+    assert registry.wait_finished([ref], idle_limit_s=100.0, stop=stop) is False
+    assert registry.wait_finished(["gone"], idle_limit_s=1.0) is True
