@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import copy
 import dataclasses
 import logging
 import queue
@@ -25,10 +24,11 @@ from engine.aggregators import Aggregator
 from engine.cells import Message, Reply, Status
 from engine.errors import CellError, CellRemoteError
 from engine.executors.ccwf.client_side import ClientSideController
-from engine.model import DXO, FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable
+from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy, rotate
+from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable
 from engine.model.ccwf import CCWF_CHANNEL
 from engine.persistors import ModelPersistor
-from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
+from engine.streaming.lazy import cleanup_lazy_refs
 from engine.streaming.service import DownloadService
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class SwarmClientController(ClientSideController):
         self.download_to_disk = download_to_disk
         self.download_to_disk_dir = download_to_disk_dir
         self._inbox: queue.Queue[tuple[dict[str, Any], Any]] = queue.Queue()
-        self._rounds: dict[int, _Round] = {}
+        self._rounds: dict[int, RoundGathering] = {}
         self._rounds_lock = threading.Lock()
         self._closed_up_to = -1  # rounds up to this one take no more results
         self._exits = contextlib.ExitStack()
@@ -200,7 +200,7 @@ class SwarmClientController(ClientSideController):
         data.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
         data.set_header(ReservedHeaderKey.TOTAL_ROUNDS, self.end_round)
         unreachable: list[str] = []
-        candidates = _rotate(self.aggr_clients, current_round)
+        candidates = rotate(self.aggr_clients, current_round)
         for aggr in candidates:
             header = {"round": current_round, "aggr": aggr, "trainers": self.train_clients}
             peers = [site for site in dict.fromkeys([aggr, *self.train_clients]) if site != self.site]
@@ -293,7 +293,7 @@ class SwarmClientController(ClientSideController):
         result.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
         self.update_status(phase="submitting")
         if aggr == self.site:
-            self._round(current_round, list(header["trainers"])).take(self.site, result, self)
+            self._round(current_round, list(header["trainers"])).take(self.site, result, self.aggregator)
         else:
             self._submit(aggr, current_round, list(header["trainers"]), result)
         self.update_status(phase="idle")
@@ -311,7 +311,7 @@ class SwarmClientController(ClientSideController):
         if self._service.wait_finished(served, idle_limit_s, self.stopped):
             return data
         log.warning("peers stopped pulling the round's model for %.0f s; training a copy", idle_limit_s)
-        return _private_copy(data)
+        return private_copy(data)
 
     def _submit(self, aggr: str, current_round: int, trainers: list[str], result: Shareable) -> None:
         """Offer the result to the aggregation client, which pulls its tensors when it can."""
@@ -337,12 +337,12 @@ class SwarmClientController(ClientSideController):
 
     # ----------------------------------------------------------------- aggregating a round
 
-    def _round(self, current_round: int, trainers: list[str]) -> _Round:
+    def _round(self, current_round: int, trainers: list[str]) -> RoundGathering:
         """The round this client aggregates (made, and its gathering thread started, on first use)."""
         with self._rounds_lock:
             entry = self._rounds.get(current_round)
             if entry is None:
-                entry = _Round(current_round, trainers)
+                entry = RoundGathering(current_round, trainers)
                 self._rounds[current_round] = entry
                 self._spawn(lambda: self._gather(entry), f"round-{current_round}")
             return entry
@@ -365,20 +365,20 @@ class SwarmClientController(ClientSideController):
         self._pulls.submit(self._pull, entry, site, frames)
         return Reply(header={})
 
-    def _pull(self, entry: _Round, site: str, frames: list[Any]) -> None:
+    def _pull(self, entry: RoundGathering, site: str, frames: list[Any]) -> None:
         result = None
         try:
             result = self.codec.decode(frames)
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
-            entry.take(site, result, self)
+            entry.take(site, result, self.aggregator)
         except Exception as e:
             log.warning("round %d: result of %s refused: %s", entry.number, site, e)
             entry.fail(site, f"{type(e).__name__}: {e}")
         finally:
             cleanup_lazy_refs(result)
 
-    def _gather(self, entry: _Round) -> None:
+    def _gather(self, entry: RoundGathering) -> None:
         try:
             if not entry.wait_done(
                 self.min_responses_required,
@@ -406,13 +406,13 @@ class SwarmClientController(ClientSideController):
             with self._rounds_lock:
                 self._rounds.pop(entry.number, None)
 
-    def _finish_round(self, entry: _Round) -> None:
+    def _finish_round(self, entry: RoundGathering) -> None:
         self.update_status(round=entry.number, phase="aggregating")
         aggregate = self.aggregator.aggregate(entry.number)
         base = model_from_shareable(entry.base) if entry.base is not None else FLModel(params={})
         model = self.generator.shareable_to_learnable(aggregate, base)
         del aggregate, base
-        model = dataclasses.replace(model, params=_in_memory(model.params or {}))
+        model = dataclasses.replace(model, params=in_memory(model.params or {}))
         entry.release()
         self.persistor.save_model(model)
         done = {
@@ -456,7 +456,7 @@ class SwarmClientController(ClientSideController):
         data = self.codec.decode(list(message.frames))
         try:
             model = model_from_shareable(data)
-            self.persistor.save_model(dataclasses.replace(model, params=_in_memory(model.params or {})))
+            self.persistor.save_model(dataclasses.replace(model, params=in_memory(model.params or {})))
             self.persistor.flush()
         finally:
             cleanup_lazy_refs(data)
@@ -473,93 +473,3 @@ class SwarmClientController(ClientSideController):
         self._threads = [t for t in self._threads if t.is_alive()]
         self._threads.append(thread)
         thread.start()
-
-
-@dataclasses.dataclass(eq=False)
-class _Round:
-    """One round at its aggregation client: who should send, who did, the round's model."""
-
-    number: int
-    trainers: list[str]
-    base: Shareable | None = None
-    accepted: list[str] = dataclasses.field(default_factory=list)
-    failed: dict[str, str] = dataclasses.field(default_factory=dict)
-    started: float = dataclasses.field(default_factory=time.monotonic)
-    closed: bool = False
-    _changed: threading.Condition = dataclasses.field(default_factory=threading.Condition)
-
-    def set_base(self, data: Shareable) -> None:
-        with self._changed:
-            self.base = data
-            self._changed.notify_all()
-
-    def take(self, site: str, result: Shareable, owner: SwarmClientController) -> None:
-        """Fold one trainer's result into the aggregator (one at a time), or record why not."""
-        if result.get_return_code() is not ReturnCode.OK:
-            self.fail(site, f"return code {result.get_return_code().value}: {result.get_header('reason')}")
-            return
-        with self._changed:
-            if self.closed or site in self.accepted:
-                return
-        if owner.aggregator.accept(result, site, self.number):
-            with self._changed:
-                self.accepted.append(site)
-                self._changed.notify_all()
-        else:
-            self.fail(site, "the aggregator refused it (see the log)")
-
-    def fail(self, site: str, why: str) -> None:
-        with self._changed:
-            if site not in self.accepted:
-                self.failed[site] = why
-            self._changed.notify_all()
-
-    def wait_done(self, minimum: int, wait_after_min_s: float, timeout_s: float, stopped: threading.Event) -> bool:
-        """Wait for the round's model and its results; False when the job stopped meanwhile."""
-        min_reached_at = None
-        with self._changed:
-            while not stopped.is_set():
-                now = time.monotonic()
-                answered = len(self.accepted) + len(self.failed)
-                if len(self.accepted) >= minimum and min_reached_at is None:
-                    min_reached_at = now
-                if self.base is not None and (
-                    answered >= len(self.trainers)
-                    or (min_reached_at is not None and now - min_reached_at >= wait_after_min_s)
-                ):
-                    return True
-                if now - self.started > timeout_s:
-                    return True
-                self._changed.wait(0.2)
-        return False
-
-    def release(self) -> None:
-        """Drop the round's model (its downloaded files go with it)."""
-        base, self.base = self.base, None
-        cleanup_lazy_refs(base)
-
-
-def _rotate(clients: list[str], current_round: int) -> list[str]:
-    """``clients`` starting at the round's turn: aggregation moves from client to client."""
-    start = current_round % len(clients)
-    return clients[start:] + clients[:start]
-
-
-def _private_copy(data: Shareable) -> Shareable:
-    """``data`` with the tensors of its model copied: a model this client may change while it is served."""
-    private = Shareable(data)
-    for key, value in private.items():
-        if isinstance(value, DXO):
-            private[key] = dataclasses.replace(value, data=_cloned(value.data))
-        elif isinstance(value, FLModel) and value.params is not None:
-            private[key] = dataclasses.replace(value, params=_cloned(value.params))
-    return private
-
-
-def _cloned(values: dict[str, Any]) -> dict[str, Any]:
-    return {name: value.clone() if hasattr(value, "clone") else copy.deepcopy(value) for name, value in values.items()}
-
-
-def _in_memory(params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` with lazy refs read into memory, one tensor at a time."""
-    return {name: value.resolve() if isinstance(value, LazyRef) else value for name, value in params.items()}

@@ -1,0 +1,108 @@
+"""The pieces of a Swarm round: gathering results at the aggregation client, and the models it moves."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+import time
+from typing import Any
+
+from engine.aggregators import Aggregator
+from engine.model import DXO, FLModel, ReturnCode, Shareable
+from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
+
+
+@dataclasses.dataclass(eq=False)
+class RoundGathering:
+    """One Swarm round at its aggregation client: who should send, who did, the round's model.
+
+    Results are folded into the aggregator as they arrive (`take`); `wait_done` applies the
+    round's exit rule: every trainer answered, or enough did and the extra wait passed, or the
+    round timed out.
+    """
+
+    number: int
+    trainers: list[str]
+    base: Shareable | None = None
+    accepted: list[str] = dataclasses.field(default_factory=list)
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    closed: bool = False
+    _changed: threading.Condition = dataclasses.field(default_factory=threading.Condition)
+
+    def set_base(self, data: Shareable) -> None:
+        with self._changed:
+            self.base = data
+            self._changed.notify_all()
+
+    def take(self, site: str, result: Shareable, aggregator: Aggregator) -> None:
+        """Fold one trainer's result into the aggregator (one at a time), or record why not."""
+        if result.get_return_code() is not ReturnCode.OK:
+            self.fail(site, f"return code {result.get_return_code().value}: {result.get_header('reason')}")
+            return
+        with self._changed:
+            if self.closed or site in self.accepted:
+                return
+        if aggregator.accept(result, site, self.number):
+            with self._changed:
+                self.accepted.append(site)
+                self._changed.notify_all()
+        else:
+            self.fail(site, "the aggregator refused it (see the log)")
+
+    def fail(self, site: str, why: str) -> None:
+        with self._changed:
+            if site not in self.accepted:
+                self.failed[site] = why
+            self._changed.notify_all()
+
+    def wait_done(self, minimum: int, wait_after_min_s: float, timeout_s: float, stopped: threading.Event) -> bool:
+        """Wait for the round's model and its results; False when the job stopped meanwhile."""
+        min_reached_at = None
+        with self._changed:
+            while not stopped.is_set():
+                now = time.monotonic()
+                answered = len(self.accepted) + len(self.failed)
+                if len(self.accepted) >= minimum and min_reached_at is None:
+                    min_reached_at = now
+                if self.base is not None and (
+                    answered >= len(self.trainers)
+                    or (min_reached_at is not None and now - min_reached_at >= wait_after_min_s)
+                ):
+                    return True
+                if now - self.started > timeout_s:
+                    return True
+                self._changed.wait(0.2)
+        return False
+
+    def release(self) -> None:
+        """Drop the round's model (its downloaded files go with it)."""
+        base, self.base = self.base, None
+        cleanup_lazy_refs(base)
+
+
+def rotate(clients: list[str], current_round: int) -> list[str]:
+    """``clients`` starting at the round's turn: aggregation moves from client to client."""
+    start = current_round % len(clients)
+    return clients[start:] + clients[:start]
+
+
+def private_copy(data: Shareable) -> Shareable:
+    """``data`` with the tensors of its model copied: a model this client may change while it is served."""
+    private = Shareable(data)
+    for key, value in private.items():
+        if isinstance(value, DXO):
+            private[key] = dataclasses.replace(value, data=_cloned(value.data))
+        elif isinstance(value, FLModel) and value.params is not None:
+            private[key] = dataclasses.replace(value, params=_cloned(value.params))
+    return private
+
+
+def _cloned(values: dict[str, Any]) -> dict[str, Any]:
+    return {name: value.clone() if hasattr(value, "clone") else copy.deepcopy(value) for name, value in values.items()}
+
+
+def in_memory(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with lazy refs read into memory, one tensor at a time."""
+    return {name: value.resolve() if isinstance(value, LazyRef) else value for name, value in params.items()}
