@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import fnmatch
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.config import ComponentSpec, ConfigDocument, build_component
 from engine.model import Shareable
+from engine.streaming.codec import MessageCodec
+from engine.streaming.disk import DiskDownloads
 
 log = logging.getLogger(__name__)
 
@@ -101,3 +106,27 @@ STREAMING_KEYS = (
 def streaming_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The streaming settings of a validated config (the `STREAMING_KEYS` it sets)."""
     return {key: config[key] for key in STREAMING_KEYS if key in config}
+
+
+#: Where downloads to disk go by default, under a side's workspace folder.
+DEFAULT_DOWNLOADS_FOLDER = "downloads"
+
+
+@contextlib.contextmanager
+def downloads_to_disk(codec: MessageCodec, workspace: Path, folder: Path | None) -> Iterator[DiskDownloads]:
+    """Inside the block, the tensors ``codec`` receives go to disk first (lazy refs).
+
+    Args:
+        codec: The side's message codec; its previous receiving behaviour returns after the block.
+        workspace: The side's workspace folder.
+        folder: Where the downloads go (relative paths from ``workspace``); ``downloads`` if None.
+    """
+    downloads = DiskDownloads(workspace / Path(folder or DEFAULT_DOWNLOADS_FOLDER))
+    downloads.open()
+    previous = codec.context
+    codec.context = dataclasses.replace(previous, consumer_factory=downloads.consumer_factory())
+    try:
+        yield downloads
+    finally:
+        codec.context = previous
+        downloads.close()

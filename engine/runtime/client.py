@@ -9,12 +9,10 @@ server cannot be reached it keeps asking (the cell reconnects) for ``server_sile
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from engine.runtime.assembly import (
     FilterError,
     build_entries,
     build_executors,
+    downloads_to_disk,
     route_task,
     streaming_settings,
 )
@@ -44,8 +43,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds a client keeps trying to reach a server that does not answer before it gives up.
 DEFAULT_SERVER_SILENCE_LIMIT_S = 60.0
-#: Where downloads to disk go by default, under the client's workspace folder.
-DEFAULT_DOWNLOADS_FOLDER = "downloads"
 
 
 class ClientJob:
@@ -183,19 +180,9 @@ class ClientJob:
         except CellError as e:
             log.warning("status report not sent: %s", e)
 
-    @contextlib.contextmanager
-    def _downloads_to_disk(self, folder: Path | None) -> Iterator[DiskDownloads]:
+    def _downloads_to_disk(self, folder: Path | None) -> contextlib.AbstractContextManager[DiskDownloads]:
         """The tensors this client receives download to disk (lazy refs) inside the block."""
-        root = self.workspace / DEFAULT_DOWNLOADS_FOLDER if folder is None else self.workspace / Path(folder)
-        downloads = DiskDownloads(root)
-        downloads.open()
-        previous = self.codec.context
-        self.codec.context = dataclasses.replace(previous, consumer_factory=downloads.consumer_factory())
-        try:
-            yield downloads
-        finally:
-            self.codec.context = previous
-            downloads.close()
+        return downloads_to_disk(self.codec, self.workspace, folder)
 
     def _pull_loop(self, routes: list[Any], data_filters: FilterChains, result_filters: FilterChains) -> None:
         last_heard = time.monotonic()

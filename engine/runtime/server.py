@@ -15,7 +15,6 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from engine.fobs import default_registry
 from engine.model import DXO, FLModel, ReservedHeaderKey, Shareable
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
 from engine.runtime import protocol
-from engine.runtime.assembly import FilterChains, build_entries, streaming_settings
+from engine.runtime.assembly import FilterChains, build_entries, downloads_to_disk, streaming_settings
 from engine.runtime.states import JobState
 from engine.streaming.codec import MessageCodec
 from engine.streaming.disk import DiskConsumerFactory, DiskDownloads
@@ -47,8 +46,6 @@ MONITOR_INTERVAL_S = 0.2
 END_RUN_GRACE_S = 15.0
 #: Seconds the server waits for every client to ask for work before the first workflow starts.
 CLIENTS_READY_TIMEOUT_S = 120.0
-#: Where downloads to disk go by default, under the server's workspace folder.
-DEFAULT_DOWNLOADS_FOLDER = "downloads"
 
 
 @dataclass
@@ -152,19 +149,9 @@ class ServerJob:
             self.cell.stop()
         return outcome
 
-    @contextlib.contextmanager
-    def _downloads_to_disk(self, folder: Path | None) -> Iterator[DiskDownloads]:
+    def _downloads_to_disk(self, folder: Path | None) -> contextlib.AbstractContextManager[DiskDownloads]:
         """Received results download to disk (lazy refs) inside the block; see `JobContext`."""
-        root = self.workspace / DEFAULT_DOWNLOADS_FOLDER if folder is None else self.workspace / Path(folder)
-        downloads = DiskDownloads(root)
-        downloads.open()
-        previous = self.codec.context
-        self.codec.context = dataclasses.replace(previous, consumer_factory=downloads.consumer_factory())
-        try:
-            yield downloads
-        finally:
-            self.codec.context = previous
-            downloads.close()
+        return downloads_to_disk(self.codec, self.workspace, folder)
 
     def abort(self, reason: str = "aborted") -> None:
         """Stop the job: the running workflow sees its abort signal."""
