@@ -51,6 +51,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     args = parser.parse_args()
 
+    # A small model gains nothing from several threads, and the clients of a simulated job share
+    # this machine's cores: more threads than cores make every step wait on the others.
+    torch.set_num_threads(1)
     flare.init()
     site_index = int(flare.get_site_name().rsplit("-", 1)[-1]) - 1
     (train_x, train_y), (val_x, val_y) = load_split(site_index, args.num_shards)
