@@ -5,9 +5,10 @@
 For each chunk size (2 MiB, 8 MiB, 0 = inline) and receiver count (1, 4), a sender process
 builds BenchNet (BENCHMARK.md), serializes it once with the via-downloader decomposers, and
 serves that one message to every receiver; each receiver process pulls it, rebuilds the state
-dict, and checks every tensor against BenchNet (regenerated one layer at a time). Peak RSS is
-the kernel's high-water mark (VmHWM) of each process; ``baseline`` is a process's RSS after its
-imports, before any tensor exists. Prints a table and writes JSON:
+dict, and checks every tensor against BenchNet (regenerated one layer at a time). Every process
+sets glibc's allocator as flengine's job processes do. Peak RSS is the kernel's high-water mark
+(VmHWM) of each process; ``baseline`` is a process's RSS after its imports, before any tensor
+exists. Prints a table and writes JSON:
 ``{"model_mb": N, "runs": [{"chunk_bytes", "receivers", "throughput_gib_s",
 "sender_peak_rss_mb", "receiver_peak_rss_mb", ...}, ...]}``.
 """
@@ -159,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--site", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.role is not None:
+        from engine.runtime.process import return_freed_memory_to_the_system
+
+        return_freed_memory_to_the_system()
     if args.role == "sender":
         run_sender(args.size_mb, args.chunk_bytes, args.receivers)
         return 0

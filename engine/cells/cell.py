@@ -14,7 +14,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -197,7 +197,9 @@ class Cell:
 
     # ----------------------------------------------------------------- handlers
 
-    def register_handler(self, channel: str, topic: str, handler: Handler, inline: bool = False) -> None:
+    def register_handler(
+        self, channel: str, topic: str, handler: Handler, inline: bool | Callable[[Message], bool] = False
+    ) -> None:
         """Run ``handler`` for messages on ``(channel, topic)``; topic ``"*"`` catches the rest.
 
         Handlers run on the cell's handler pool and may block (each holds one of
@@ -209,12 +211,18 @@ class Cell:
             handler: Called with each message.
             inline: Run the handler on the I/O thread itself, saving two thread hand-offs per
                 request. Only for handlers that never block and return quickly (serving a chunk
-                from memory): while one runs, the cell moves no other message.
+                from memory): while one runs, the cell moves no other message. A predicate
+                decides per message instead: called on the I/O thread (it must be quick), True
+                runs the handler there, False on the pool.
 
         Raises:
             ValueError: If the pair already has a handler, or a name is empty.
         """
-        self._handlers.register(channel, topic, _InlineHandler(handler) if inline else handler)
+        if callable(inline):
+            handler = _InlineHandler(handler, inline)
+        elif inline:
+            handler = _InlineHandler(handler, _always)
+        self._handlers.register(channel, topic, handler)
 
     def unregister_handler(self, channel: str, topic: str) -> None:
         """Remove the handler of ``(channel, topic)``."""
@@ -402,8 +410,10 @@ class Cell:
     def _dispatch(self, action: Dispatch) -> None:
         """Called on the I/O thread: run an inline handler here, hand any other to the pool."""
         if isinstance(action.handler, _InlineHandler):
-            self._run_handler(action)
-            return
+            if action.handler.runs_inline(action.message):
+                self._run_handler(action)
+                return
+            action = Dispatch(action.handler.handler, action.message)
         if not self._pool.submit(lambda: self._run_handler(action)):
             logger.debug("message dropped at stop: channel=%s topic=%s", action.message.channel, action.message.topic)
 
@@ -421,12 +431,26 @@ class Cell:
 
 
 class _InlineHandler:
-    """Marks a handler registered with ``inline=True``: the I/O thread runs it itself."""
+    """Marks a handler registered with ``inline``: the I/O thread runs it itself when ``runs_inline`` says so."""
 
-    def __init__(self, handler: Handler) -> None:
-        if not callable(handler):
-            raise TypeError(f"handler {handler!r} is not callable")
-        self._handler = handler
+    def __init__(self, handler: Handler, runs_inline: Callable[[Message], bool]) -> None:
+        for name, value in (("handler", handler), ("inline", runs_inline)):
+            if not callable(value):
+                raise TypeError(f"{name} {value!r} is not callable")
+        self.handler = handler
+        self._runs_inline = runs_inline
+
+    def runs_inline(self, message: Message) -> bool:
+        """Whether to run on the I/O thread; a predicate that raises sends the message to the pool."""
+        try:
+            return bool(self._runs_inline(message))
+        except Exception:
+            logger.exception("inline predicate raised; running the handler on the pool: topic=%s", message.topic)
+            return False
 
     def __call__(self, message: Message) -> Reply | None:
-        return self._handler(message)
+        return self.handler(message)
+
+
+def _always(message: Message) -> bool:
+    return True

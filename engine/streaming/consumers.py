@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from engine.errors import StreamingError
-from engine.fobs.arrays import readonly_byte_tensor
+from engine.fobs.arrays import byte_view, copy_bytes
 from engine.fobs.dtypes import torch_dtype
 from engine.streaming.layout import StreamLayout
 
@@ -112,7 +112,7 @@ class MemoryConsumer(StreamConsumer):
         self._tensors: dict[str, torch.Tensor] | None = {
             entry.name: torch.empty(entry.shape, dtype=torch_dtype(entry.dtype)) for entry in layout.entries
         }
-        self._targets = [self._tensors[entry.name].reshape(-1).view(torch.uint8) for entry in layout.entries]
+        self._targets = [byte_view(self._tensors[entry.name]) for entry in layout.entries]
         self._ends = [entry.end for entry in layout.entries]
 
     def _write(self, offset: int, piece: memoryview) -> None:
@@ -129,7 +129,7 @@ class MemoryConsumer(StreamConsumer):
             begin = data_offset + position - entry.begin
             count = min(entry.nbytes - begin, piece.nbytes - position)
             if count:
-                target[begin : begin + count].copy_(readonly_byte_tensor(piece[position : position + count]))
+                copy_bytes(target[begin : begin + count], piece[position : position + count])
             position += count
             index += 1
 

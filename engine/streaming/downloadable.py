@@ -38,6 +38,9 @@ class Downloadable(Protocol):
 
     chunk_bytes: int
     chunk_count: int
+    #: True when every chunk is a view of memory that is ready (no copy, no disk read), so
+    #: serving one never blocks.
+    in_memory: bool
 
     def info(self) -> tuple[dict[str, Any], list[bytes]]:
         """Return the header and frames of the reply to an ``info`` request."""
@@ -73,6 +76,7 @@ class TensorDownloadable:
         self.chunk_bytes = chunk_bytes
         self.layout = StreamLayout.of_tensors(self.tensors, metadata)
         self.chunk_count = self.layout.chunk_count(chunk_bytes)
+        self.in_memory = all(_in_place(tensor) for tensor in self.tensors.values())
         self._copy_cache_bytes = copy_cache_bytes
         self._copies: OrderedDict[str, memoryview] = OrderedDict()
         self._copied_bytes = 0
@@ -102,7 +106,7 @@ class TensorDownloadable:
         tensor = self.tensors.get(name)
         if tensor is None:
             raise StreamingError("the download was released while a chunk was being served")
-        if tensor.device.type == "cpu" and tensor.is_contiguous():
+        if _in_place(tensor):
             return memoryview(tensor_bytes(tensor))
         with self._lock:
             cached = self._copies.get(name)
@@ -117,6 +121,11 @@ class TensorDownloadable:
                 self._copies[name] = copy
                 self._copied_bytes += copy.nbytes
             return copy
+
+
+def _in_place(tensor: torch.Tensor) -> bool:
+    """Whether a tensor's bytes can be served from its own storage, without a copy."""
+    return tensor.device.type == "cpu" and tensor.is_contiguous()
 
 
 class FileDownloadable:
@@ -136,6 +145,7 @@ class FileDownloadable:
         self.chunk_bytes = chunk_bytes
         self.size_bytes = path.stat().st_size
         self.chunk_count = math.ceil(self.size_bytes / chunk_bytes)
+        self.in_memory = False  # chunks are read from disk
         self._owned_folder = owned_folder
         self._released = False
 

@@ -57,8 +57,9 @@ class DownloadService:
         self.chunks_served = 0
         self._count_lock = threading.Lock()
         self._closed = threading.Event()
-        for topic, handler in ((TOPIC_INFO, self._on_info), (TOPIC_CHUNK, self._on_chunk), (TOPIC_DONE, self._on_done)):
+        for topic, handler in ((TOPIC_INFO, self._on_info), (TOPIC_DONE, self._on_done)):
             cell.register_handler(CHANNEL, topic, handler)
+        cell.register_handler(CHANNEL, TOPIC_CHUNK, self._on_chunk, inline=self._served_from_memory)
         self._sweeper = threading.Thread(
             target=self._sweep, args=(sweep_interval_s,), name=f"downloads-{cell.fqcn}", daemon=True
         )
@@ -142,6 +143,14 @@ class DownloadService:
             return Reply(status=Status.ERROR, reason=str(e))
         header, frames = downloadable.info()
         return Reply(header=header, frames=frames)
+
+    def _served_from_memory(self, message: Message) -> bool:
+        """Whether a chunk request may be answered on the cell's I/O thread.
+
+        Yes when its bytes are ready in memory (contiguous CPU tensors), so nothing blocks; GPU
+        or non-contiguous tensors (copied first) and files (read from disk) go to the pool.
+        """
+        return self.registry.serves_from_memory(message.header.get("ref"))
 
     def _on_chunk(self, message: Message) -> Reply:
         index = message.header.get("index")

@@ -83,6 +83,15 @@ class DownloadRegistry:
             transaction.deadline = self._clock() + transaction.timeout_s
             return transaction.downloadable
 
+    def serves_from_memory(self, ref: object) -> bool:
+        """Whether chunks of ``ref`` come straight from memory (see `Downloadable.in_memory`).
+
+        True for an unknown ref too: its answer is an error, quick to make.
+        """
+        with self._lock:
+            transaction = self._transactions.get(ref) if isinstance(ref, str) else None
+        return transaction is None or transaction.downloadable.in_memory
+
     def chunk(self, ref: str, requester: str, index: int) -> list[memoryview]:
         """Serve chunk ``index`` of ``ref`` to ``requester`` (see `lookup`).
 

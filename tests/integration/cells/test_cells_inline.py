@@ -43,3 +43,27 @@ def test_a_raising_inline_handler_gets_an_error_reply_and_the_cell_keeps_serving
         client.request("server", "t", "boom", timeout_s=10)
 
     assert client.request("server", "t", "ok", timeout_s=10).header == {"fine": True}
+
+
+def test_an_inline_predicate_chooses_the_thread_per_message(harness: Harness) -> None:
+    server = harness.cell("server")
+    client = harness.cell("site-1", connect_to=server.endpoint)
+    seen: dict[str, str] = {}
+
+    def where(message: Message) -> Reply:
+        seen[message.header["case"]] = threading.current_thread().name
+        return Reply(header={"case": message.header["case"]})
+
+    def quick(message: Message) -> bool:
+        if message.header["case"] == "broken":
+            raise RuntimeError("predicate failed")
+        return message.header["case"] == "quick"
+
+    server.register_handler("t", "maybe", where, inline=quick)
+
+    for case in ("quick", "slow", "broken"):
+        assert client.request("server", "t", "maybe", {"case": case}, timeout_s=10).header == {"case": case}
+
+    assert seen["quick"] == "server-io"
+    assert seen["slow"].startswith("server-handler-")
+    assert seen["broken"].startswith("server-handler-")  # a predicate that raises falls back to the pool

@@ -98,6 +98,9 @@ def test_ctrl_c_stops_every_process_and_records_aborted(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # As from a terminal: a test run started in the background inherits SIGINT ignored,
+        # and Python then installs no KeyboardInterrupt for it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (workspace / "site-1" / "log.txt").exists():

@@ -73,6 +73,9 @@ class CountingService(DownloadService):
         self.on_chunk: Callable[[int], None] | None = None
         super().__init__(cell, **kwargs)
 
+    def _served_from_memory(self, message: Message) -> bool:
+        return False  # this handler sleeps, which only a pool thread may do
+
     def _on_chunk(self, message: Message) -> Reply:
         with self._count_lock:
             self.in_flight += 1

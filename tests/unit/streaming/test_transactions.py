@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from engine.streaming.downloadable import TensorDownloadable
+from engine.streaming.downloadable import FileDownloadable, TensorDownloadable
 from engine.streaming.layout import StreamLayout
 from engine.streaming.transactions import DownloadRefused, DownloadRegistry
 
@@ -57,6 +58,19 @@ def test_the_copy_cache_is_bounded_in_bytes() -> None:
 
     assert served._copied_bytes <= 2048
     assert len(served._copies) == 2
+
+
+def test_only_chunks_ready_in_memory_may_be_served_on_the_io_thread(tmp_path: Path) -> None:
+    registry = DownloadRegistry()
+    in_place = registry.add(downloadable(w=torch.arange(8.0), b=torch.ones(2)), None, 60.0)
+    transposed = registry.add(downloadable(w=torch.arange(64.0).reshape(8, 8).t()), None, 60.0)
+    (tmp_path / "f.bin").write_bytes(b"x" * 100)
+    on_disk = registry.add(FileDownloadable(tmp_path / "f.bin", 10), None, 60.0)
+
+    assert registry.serves_from_memory(in_place)
+    assert not registry.serves_from_memory(transposed)  # copied to contiguous memory first
+    assert not registry.serves_from_memory(on_disk)  # read from disk
+    assert registry.serves_from_memory("unknown")  # answered with a quick error
 
 
 def test_registry_serves_its_receivers_and_frees_after_the_last() -> None:
