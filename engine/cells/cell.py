@@ -30,7 +30,7 @@ from engine.cells.message import Message, Reply
 from engine.cells.outbox import Outbox
 from engine.cells.pending import PendingRequests, ReplyFuture
 from engine.cells.pool import HandlerPool
-from engine.cells.protocol import Kind, Status
+from engine.cells.protocol import HANDLER_GRACE_MAX_S, Kind, Status
 from engine.cells.server_core import ServerCore
 from engine.cells.settings import CellSettings
 from engine.errors import CellClosedError, CellError
@@ -168,10 +168,13 @@ class Cell:
         return self._core.connected.wait(timeout_s)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Say goodbye to peers, fail outstanding requests, close sockets, stop handlers.
+        """Let running handlers reply, say goodbye to peers, fail outstanding requests, close sockets.
 
-        Requests still waiting fail with :class:`CellClosedError` at once. Handlers still
-        running at the deadline are left to finish on their daemon threads; their replies are
+        Messages that arrive from now on are dropped (their senders hear BYE). Handlers already
+        running get up to ``HANDLER_GRACE_MAX_S`` (at most half of ``timeout_s``) to finish, and
+        their replies are sent before the sockets close: a reply computed just before stop is not
+        lost. Then requests still waiting fail with :class:`CellClosedError`. Handlers still
+        running after the grace are left to finish on their daemon threads; their replies are
         dropped. Calling stop twice is harmless.
 
         Args:
@@ -182,9 +185,10 @@ class Cell:
             self._state = _STOPPED
         if not was_running:
             return
-        deadline_s = time.monotonic() + timeout_s
+        now_s = time.monotonic()
+        deadline_s = now_s + timeout_s
+        self._pool.stop(now_s + min(HANDLER_GRACE_MAX_S, timeout_s / 2))
         self._io.stop(deadline_s)
-        self._pool.stop(deadline_s)
         logger.info("cell stopped: fqcn=%s", self._fqcn)
 
     def __enter__(self) -> Cell:

@@ -37,6 +37,10 @@ MAX_POLL_WAIT_S = 0.5
 CLOSE_LINGER_MAX_S = 1.0
 """Cap, in seconds, on how long closing a socket may wait to flush queued messages."""
 
+HANDLER_GRACE_MAX_S = 1.0
+"""Cap, in seconds, on how long stopping a cell waits for running handlers before it closes
+its sockets (at most half of the stop's own bound), so that their replies still go out."""
+
 
 class Kind(enum.IntEnum):
     """What a message is for; the envelope's second field."""

@@ -252,6 +252,29 @@ def test_server_stop_with_handlers_stuck_is_bounded(harness: Harness, release: t
     assert "stopped" in str(outcomes[0])
 
 
+def test_server_stop_sends_the_reply_of_a_handler_that_is_finishing(harness: Harness) -> None:
+    # The server runtime tells a client "the job ended" in a reply and stops its cell right
+    # after; that reply must reach the client, or the client waits for a server that is gone.
+    server = harness.cell("server")
+    running = threading.Event()
+
+    def slow_answer(message: Message) -> Reply:
+        running.set()
+        time.sleep(0.3)
+        return Reply(header={"state": "end"})
+
+    server.register_handler("test", "slow", slow_answer)
+    client = harness.cell("site-1", connect_to=server.endpoint)
+    future = client.request_async("server", "test", "slow", timeout_s=10)
+    assert running.wait(5)
+
+    server.stop(timeout_s=5.0)
+
+    reply = future.result(5)
+    assert reply.status is Status.OK, reply.reason
+    assert reply.header == {"state": "end"}
+
+
 def test_stop_from_a_handler_does_not_deadlock(harness: Harness) -> None:
     server = harness.cell("server")
     client = harness.cell("site-1", connect_to=server.endpoint)
