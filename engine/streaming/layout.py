@@ -1,8 +1,8 @@
 """The byte layout of a tensor download: one safetensors file, served in chunks without copies.
 
-A downloadable's byte stream is exactly what ``safetensors.torch.save`` writes for the same
-tensors: an 8-byte little-endian header length, a JSON header (dtype, shape and data offsets per
-tensor, space-padded to 8 bytes), then each tensor's raw bytes, largest alignment first. So a
+A downloadable's byte stream is a safetensors file of the same tensors (see
+`engine.fobs.tensor_layout`): an 8-byte little-endian header length, a JSON header (dtype, shape
+and data offsets per tensor, space-padded to 8 bytes), then each tensor's raw bytes. So a
 receiver can write the stream to disk as a ``.safetensors`` file, or place each chunk straight
 into preallocated tensors. A chunk is a byte range of that stream; the sender serves it as
 memoryviews into the header and the tensors' own storage.
@@ -14,43 +14,17 @@ import bisect
 import functools
 import json
 import math
-import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from engine.errors import StreamingError
-from engine.fobs.dtypes import dtype_name, torch_dtype
+from engine.fobs.dtypes import torch_dtype
+from engine.fobs.tensor_layout import LENGTH_PREFIX, METADATA_KEY, TensorEntry, encode_header, lay_out
 
 #: A received header larger than this is refused unread (safetensors uses the same bound).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
-_LENGTH_PREFIX = struct.Struct("<Q")
-_METADATA_KEY = "__metadata__"
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """Where one tensor's bytes sit in the stream.
-
-    Attributes:
-        name: The tensor's key in the state dict.
-        dtype: safetensors dtype name, e.g. ``"F32"``.
-        shape: The tensor's shape.
-        begin: Offset of its first byte in the data section (after the header).
-        end: Offset one past its last byte in the data section.
-    """
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the tensor's data in bytes."""
-        return self.end - self.begin
 
 
 @dataclass(frozen=True)
@@ -90,13 +64,8 @@ class StreamLayout:
         Raises:
             SerializationError: A tensor's dtype has no safetensors name.
         """
-        ordered = sorted(tensors.items(), key=lambda item: (-item[1].element_size(), item[0]))
-        entries, offset = [], 0
-        for name, tensor in ordered:
-            nbytes = tensor.numel() * tensor.element_size()
-            entries.append(TensorEntry(name, dtype_name(tensor.dtype), tuple(tensor.shape), offset, offset + nbytes))
-            offset += nbytes
-        return cls(_encode_header(entries, metadata), tuple(entries), metadata)
+        entries = lay_out(tensors)
+        return cls(encode_header(entries, metadata), entries, metadata)
 
     @classmethod
     def parse(cls, header: bytes, max_header_bytes: int = MAX_HEADER_BYTES) -> StreamLayout:
@@ -110,20 +79,20 @@ class StreamLayout:
             StreamingError: The header is malformed, too large, or describes tensors whose
                 sizes, offsets or dtypes do not add up.
         """
-        if len(header) < _LENGTH_PREFIX.size:
+        if len(header) < LENGTH_PREFIX.size:
             raise StreamingError("safetensors header is shorter than its 8-byte length prefix")
-        (length,) = _LENGTH_PREFIX.unpack_from(header)
+        (length,) = LENGTH_PREFIX.unpack_from(header)
         if length > max_header_bytes:
             raise StreamingError(f"safetensors header of {length} bytes exceeds the limit of {max_header_bytes} bytes")
-        if len(header) != _LENGTH_PREFIX.size + length:
+        if len(header) != LENGTH_PREFIX.size + length:
             raise StreamingError(f"safetensors header says {length} bytes but {len(header) - 8} arrived")
         try:
-            fields = json.loads(bytes(header[_LENGTH_PREFIX.size :]), object_pairs_hook=_refuse_duplicate_keys)
+            fields = json.loads(bytes(header[LENGTH_PREFIX.size :]), object_pairs_hook=_refuse_duplicate_keys)
         except (ValueError, UnicodeDecodeError) as e:
             raise StreamingError(f"safetensors header is not valid JSON: {e}") from e
         if not isinstance(fields, dict):
             raise StreamingError("safetensors header must be a JSON object")
-        metadata = fields.pop(_METADATA_KEY, None)
+        metadata = fields.pop(METADATA_KEY, None)
         if metadata is not None and not (
             isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
         ):
@@ -165,21 +134,6 @@ class StreamLayout:
             raw = data_of(entry.name)
             pieces.append(raw[max(data_start - entry.begin, 0) : min(data_stop, entry.end) - entry.begin])
         return pieces
-
-
-def _encode_header(entries: list[TensorEntry], metadata: Mapping[str, str] | None) -> bytes:
-    fields: dict[str, object] = {}
-    if metadata:
-        fields[_METADATA_KEY] = dict(metadata)
-    for entry in entries:
-        fields[entry.name] = {
-            "dtype": entry.dtype,
-            "shape": list(entry.shape),
-            "data_offsets": [entry.begin, entry.end],
-        }
-    text = json.dumps(fields, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # safetensors pads so the data section starts 8-aligned
-    return _LENGTH_PREFIX.pack(len(text)) + text
 
 
 def _refuse_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:

@@ -26,7 +26,8 @@ import torch
 
 from engine.errors import StreamingError
 from engine.fobs.dtypes import torch_dtype
-from engine.streaming.layout import StreamLayout, TensorEntry
+from engine.fobs.tensor_layout import TensorEntry
+from engine.streaming.layout import StreamLayout
 
 log = logging.getLogger(__name__)
 

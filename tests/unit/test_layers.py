@@ -20,7 +20,7 @@ ALLOWED = {
     "model": {"errors", "fobs"},
     "controller": {"errors", "model"},
     "aggregators": {"errors", "model"},
-    "persistors": {"errors", "model"},
+    "persistors": {"errors", "fobs", "model"},
     "filters": {"errors", "model"},
     "workflows": {"errors", "model", "controller", "aggregators", "persistors", "filters"},
     "client": {"errors", "fobs", "cells", "streaming", "model"},

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -121,22 +120,6 @@ def test_the_next_run_sweeps_what_a_crashed_server_left(simulate, tmp_path: Path
 def run_simulation_in(job: Path, workspace: Path):
     out = io.StringIO()
     return run_simulation(job, None, workspace, out=out), out.getvalue()
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    """A 1 MiB tmpfs (skipped where this machine does not let the tests mount one)."""
-    mount_point = tmp_path / "small_disk"
-    mount_point.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True, check=False
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_a_full_disk_fails_the_result_with_the_folder_and_bytes_and_leaves_nothing(

@@ -179,21 +179,15 @@ def test_mismatching_source_checkpoint_is_refused(tmp_path: Path, content: Any, 
         PTFileModelPersistor(model=Net(), source_ckpt_file_full_name=str(ckpt)).load_model()
 
 
-def test_failed_write_leaves_old_file_and_no_temp_file(
-    persistor: PTFileModelPersistor, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failed_write_leaves_old_file_and_no_temp_file(small_disk: Path) -> None:
+    persistor = PTFileModelPersistor(model=Net())
+    persistor.use_workspace(small_disk / "app")  # 1 MiB: the first model fits, the second does not
     first = persistor.save_model(FLModel(params=params(1)))
     persistor.flush()
     before = first.read_bytes()
 
-    def half_write(tensors: dict[str, torch.Tensor], filename: str) -> None:
-        Path(filename).write_bytes(b"half a file")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(safetensors.torch, "save_file", half_write)
-
-    with pytest.raises(OSError, match="disk full"):
-        persistor.save_model(FLModel(params=params(2)))
+    with pytest.raises(OSError, match="No space left on device"):
+        persistor.save_model(FLModel(params={**params(2), "big": torch.ones(1 << 19)}))
 
     assert [p.name for p in first.parent.iterdir()] == ["global.safetensors"]
     assert first.read_bytes() == before
