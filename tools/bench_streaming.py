@@ -1,16 +1,19 @@
 """Benchmark of tensor streaming: a BenchNet state dict from one process to N others, via FOBS.
 
-    python tools/bench_streaming.py --size-mb 1024 [--out FILE]
+    python tools/bench_streaming.py --size-mb 1024 [--transfers 2] [--out FILE]
 
 For each chunk size (2 MiB, 8 MiB, 0 = inline) and receiver count (1, 4), a sender process
-builds BenchNet (BENCHMARK.md), serializes it once with the via-downloader decomposers, and
-serves that one message to every receiver; each receiver process pulls it, rebuilds the state
-dict, and checks every tensor against BenchNet (regenerated one layer at a time). Every process
-sets glibc's allocator as flengine's job processes do. Peak RSS is the kernel's high-water mark
-(VmHWM) of each process; ``baseline`` is a process's RSS after its imports, before any tensor
-exists. Prints a table and writes JSON:
+builds BenchNet (BENCHMARK.md) and serves it to every receiver ``--transfers`` times, each time
+as one message serialized once for all receivers with the via-downloader decomposers, like the
+global model of successive FL rounds. Each receiver process pulls it, rebuilds the state dict,
+checks every tensor against BenchNet (regenerated one layer at a time) and drops it before the
+next transfer. The first transfer of a process is "cold" (its memory is faulted in fresh); the
+later ones are "warm" (the tensor pool hands out the memory of the dropped ones), as in rounds
+2 and on of a job. Every process sets glibc's allocator as flengine's job processes do. Peak RSS
+is the kernel's high-water mark (VmHWM) of each process; ``baseline`` is a process's RSS after
+its imports, before any tensor exists. Prints a table and writes JSON:
 ``{"model_mb": N, "runs": [{"chunk_bytes", "receivers", "throughput_gib_s",
-"sender_peak_rss_mb", "receiver_peak_rss_mb", ...}, ...]}``.
+"warm_throughput_gib_s", "sender_peak_rss_mb", "receiver_peak_rss_mb", ...}, ...]}``.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def streaming_registry():  # noqa: ANN201 - imported lazily so the parent stays 
     return registry
 
 
-def run_sender(size_mb: float, chunk_bytes: int, receivers: int) -> None:
+def run_sender(size_mb: float, chunk_bytes: int, receivers: int, transfers: int) -> None:
     from engine import fobs
     from engine.cells import Cell, CellSettings, Reply
     from engine.streaming.service import DownloadService
@@ -64,8 +67,10 @@ def run_sender(size_mb: float, chunk_bytes: int, receivers: int) -> None:
     context = StreamingContext(cell, service, chunk_bytes, chunk_bytes, TIMEOUT_S, TIMEOUT_S)
     sites = [f"site-{k}" for k in range(1, receivers + 1)]
     props = {STREAMING_PROP: context, RECEIVERS_PROP: sites}
-    header, frames = fobs.serialize(tensors, fobs.EncodeContext(props=props), streaming_registry())
-    cell.register_handler("bench", "get", lambda message: Reply(frames=[header, *frames]))
+    for transfer in range(transfers):
+        header, frames = fobs.serialize(tensors, fobs.EncodeContext(props=props), streaming_registry())
+        reply = Reply(frames=[header, *frames])
+        cell.register_handler("bench", f"get-{transfer}", lambda message, reply=reply: reply)
     print(f"READY {cell.endpoint} {baseline:.1f} {model_rss:.1f}", flush=True)
     sys.stdin.read()
     print(f"PEAK {rss_mb('VmHWM'):.1f}", flush=True)
@@ -73,7 +78,7 @@ def run_sender(size_mb: float, chunk_bytes: int, receivers: int) -> None:
     cell.stop()
 
 
-def run_receiver(endpoint: str, site: str, size_mb: float) -> None:
+def run_receiver(endpoint: str, site: str, size_mb: float, transfers: int, in_flight: int) -> None:
     from engine import fobs
     from engine.cells import Cell, CellSettings
     from engine.streaming.via_downloader import STREAMING_PROP, StreamingContext
@@ -83,16 +88,19 @@ def run_receiver(endpoint: str, site: str, size_mb: float) -> None:
     cell = Cell(site, CellSettings(heartbeat_timeout_s=60.0), connect_to=endpoint).start()
     cell.wait_connected(timeout_s=30)
     print("CONNECTED", flush=True)
-    sys.stdin.readline()  # GO
-    start = time.perf_counter()
-    reply = cell.request("server", "bench", "get", timeout_s=TIMEOUT_S)
-    context = fobs.DecodeContext(props={STREAMING_PROP: StreamingContext(cell, per_request_timeout_s=TIMEOUT_S)})
-    tensors = fobs.deserialize(reply.frames[0], reply.frames[1:], context, registry)
-    del reply  # inline frames are no longer needed once the tensors are rebuilt
-    seconds = time.perf_counter() - start
-    peak = rss_mb("VmHWM")
-    wrong = benchnet.mismatches(tensors, size_mb)
-    print(f"RESULT {seconds:.4f} {baseline:.1f} {peak:.1f} {len(wrong)}", flush=True)
+    for transfer in range(transfers):
+        sys.stdin.readline()  # GO
+        start = time.perf_counter()
+        reply = cell.request("server", "bench", f"get-{transfer}", timeout_s=TIMEOUT_S)
+        streaming = StreamingContext(cell, per_request_timeout_s=TIMEOUT_S, max_in_flight=in_flight)
+        context = fobs.DecodeContext(props={STREAMING_PROP: streaming})
+        tensors = fobs.deserialize(reply.frames[0], reply.frames[1:], context, registry)
+        del reply  # inline frames are no longer needed once the tensors are rebuilt
+        seconds = time.perf_counter() - start
+        peak = rss_mb("VmHWM")
+        wrong = benchnet.mismatches(tensors, size_mb)
+        del tensors
+        print(f"RESULT {seconds:.4f} {baseline:.1f} {peak:.1f} {len(wrong)}", flush=True)
     cell.stop()
 
 
@@ -107,21 +115,24 @@ def expect(process: subprocess.Popen[str], word: str) -> list[str]:
     return line.split()[1:]
 
 
-def run_case(size_mb: float, chunk_bytes: int, receivers: int) -> dict:
+def run_case(size_mb: float, chunk_bytes: int, receivers: int, transfers: int, in_flight: int) -> dict:
     sender = spawn("--role", "sender", "--size-mb", str(size_mb), "--chunk-bytes", str(chunk_bytes),
-                   "--receivers", str(receivers))  # fmt: skip
+                   "--receivers", str(receivers), "--transfers", str(transfers))  # fmt: skip
     children = [sender]
     try:
         endpoint, sender_baseline, sender_model = expect(sender, "READY")
-        readers = [spawn("--role", "receiver", "--endpoint", endpoint, "--site", f"site-{k}", "--size-mb", str(size_mb))
+        readers = [spawn("--role", "receiver", "--endpoint", endpoint, "--site", f"site-{k}", "--size-mb", str(size_mb),
+                         "--transfers", str(transfers), "--in-flight", str(in_flight))
                    for k in range(1, receivers + 1)]  # fmt: skip
         children += readers
         for reader in readers:
             expect(reader, "CONNECTED")
-        for reader in readers:
-            reader.stdin.write("GO\n")
-            reader.stdin.flush()
-        results = [expect(reader, "RESULT") for reader in readers]
+        results = []  # per transfer, per reader
+        for _ in range(transfers):
+            for reader in readers:
+                reader.stdin.write("GO\n")
+                reader.stdin.flush()
+            results.append([expect(reader, "RESULT") for reader in readers])
         sender.stdin.close()
         (sender_peak,) = expect(sender, "PEAK")
     finally:
@@ -133,26 +144,42 @@ def run_case(size_mb: float, chunk_bytes: int, receivers: int) -> dict:
             except subprocess.TimeoutExpired:
                 child.kill()
     model_bytes = sum(t.numel() * 4 for t in benchnet.layer(0)) * benchnet.layer_count(size_mb)
-    seconds = [float(r[0]) for r in results]
+    seconds = [float(r[0]) for r in results[0]]
+    warm_seconds = [float(r[0]) for later in results[1:] for r in later]
+    every = [r for transfer in results for r in transfer]
     return {
         "chunk_bytes": chunk_bytes,
         "receivers": receivers,
+        "transfers": transfers,
+        "in_flight": in_flight,
         "throughput_gib_s": round(statistics.mean(model_bytes / s for s in seconds) / 2**30, 3),
         "throughput_gib_s_min": round(min(model_bytes / s for s in seconds) / 2**30, 3),
         "seconds": [round(s, 3) for s in seconds],
+        "warm_throughput_gib_s": round(statistics.mean(model_bytes / s for s in warm_seconds) / 2**30, 3)
+        if warm_seconds
+        else None,
+        "warm_seconds": [round(s, 3) for s in warm_seconds],
         "sender_peak_rss_mb": float(sender_peak),
         "sender_baseline_mb": float(sender_baseline),
         "sender_model_rss_mb": float(sender_model),
         "sender_extra_mb": round(float(sender_peak) - float(sender_model), 1),
-        "receiver_peak_rss_mb": max(float(r[2]) for r in results),
-        "receiver_baseline_mb": max(float(r[1]) for r in results),
-        "mismatched_tensors": sum(int(r[3]) for r in results),
+        "receiver_peak_rss_mb": max(float(r[2]) for r in every),
+        "receiver_baseline_mb": max(float(r[1]) for r in every),
+        "mismatched_tensors": sum(int(r[3]) for r in every),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=float, default=1024, help="BenchNet size in MiB (default 1024)")
+    parser.add_argument(
+        "--transfers", type=int, default=2, help="transfers per receiver process, the first cold (default 2)"
+    )
+    parser.add_argument(
+        "--in-flight", type=int, default=4, help="chunk requests each receiver keeps outstanding (default 4, as jobs)"
+    )
+    parser.add_argument("--chunk-mb", type=float, nargs="+", help="chunk sizes in MiB (0 = inline); default 2 8 0")
+    parser.add_argument("--receiver-counts", type=int, nargs="+", help="receiver counts; default 1 4")
     parser.add_argument("--out", help="write the JSON result to this file")
     parser.add_argument("--role", choices=("sender", "receiver"), help=argparse.SUPPRESS)
     parser.add_argument("--chunk-bytes", type=int, help=argparse.SUPPRESS)
@@ -165,21 +192,26 @@ def main(argv: list[str] | None = None) -> int:
 
         return_freed_memory_to_the_system()
     if args.role == "sender":
-        run_sender(args.size_mb, args.chunk_bytes, args.receivers)
+        run_sender(args.size_mb, args.chunk_bytes, args.receivers, args.transfers)
         return 0
     if args.role == "receiver":
-        run_receiver(args.endpoint, args.site, args.size_mb)
+        run_receiver(args.endpoint, args.site, args.size_mb, args.transfers, args.in_flight)
         return 0
 
     model_mb = round(benchnet.layer_count(args.size_mb) * (benchnet.WIDTH**2 + benchnet.WIDTH) * 4 / 2**20, 1)
-    runs = [run_case(args.size_mb, chunk, n) for chunk in CHUNK_SIZES for n in RECEIVER_COUNTS]
+    if args.transfers < 1:
+        parser.error("--transfers must be >= 1")
+    chunk_sizes = [round(mb * 2**20) for mb in args.chunk_mb] if args.chunk_mb else CHUNK_SIZES
+    counts = args.receiver_counts or RECEIVER_COUNTS
+    runs = [run_case(args.size_mb, chunk, n, args.transfers, args.in_flight) for chunk in chunk_sizes for n in counts]
     print(f"BenchNet {model_mb} MiB, sender -> receivers over TCP loopback (peak RSS = VmHWM, MiB)")
-    widths = {"chunk": 7, "recv": 4, "GiB/s": 6, "min": 6, "send peak": 9, "send extra": 10}
+    widths = {"chunk": 7, "recv": 4, "GiB/s": 6, "min": 6, "warm": 6, "send peak": 9, "send extra": 10}
     widths |= {"recv peak": 9, "recv base": 9, "bad": 3}
     print(" ".join(f"{name:>{width}}" for name, width in widths.items()))
     for run in runs:
         chunk = f"{run['chunk_bytes'] >> 20}MiB" if run["chunk_bytes"] else "inline"
-        cells = [chunk, run["receivers"], f"{run['throughput_gib_s']:.2f}", f"{run['throughput_gib_s_min']:.2f}"]
+        warm = "-" if run["warm_throughput_gib_s"] is None else f"{run['warm_throughput_gib_s']:.2f}"
+        cells = [chunk, run["receivers"], f"{run['throughput_gib_s']:.2f}", f"{run['throughput_gib_s_min']:.2f}", warm]
         cells += [f"{run[key]:.0f}" for key in ("sender_peak_rss_mb", "sender_extra_mb", "receiver_peak_rss_mb")]
         cells += [f"{run['receiver_baseline_mb']:.0f}", run["mismatched_tensors"]]
         print(" ".join(f"{cell!s:>{width}}" for cell, width in zip(cells, widths.values(), strict=True)))

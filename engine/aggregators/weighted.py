@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.fobs.tensor_pool import pooled_empty
+
 logger = logging.getLogger(__name__)
 
 
@@ -100,6 +102,17 @@ def _naming(contributor_name: str, name: str) -> Iterator[None]:
         raise ValueError(f"{contributor_name}: value {name!r}: {e}") from e
 
 
+def _weighted_copy(value: torch.Tensor, weight: float) -> torch.Tensor:
+    """``weight * value`` in the sum's dtype, in new memory (pooled for CPU tensors)."""
+    dtype = _sum_dtype_torch(value.dtype)
+    if value.device.type != "cpu":
+        return value.to(dtype=dtype, copy=True).mul_(weight)
+    total = pooled_empty(value.shape, dtype)
+    if value.dtype == dtype:
+        return torch.mul(value, weight, out=total)
+    return total.copy_(value).mul_(weight)  # widen first, so the product is taken in the sum's dtype
+
+
 class _Sum:
     """The running weighted sum of one named value and what is needed to turn it into a mean."""
 
@@ -124,7 +137,7 @@ class _Sum:
         if self.kind == "tensor":
             value = value.detach()
             if self.total is None:
-                self.total = value.to(dtype=_sum_dtype_torch(value.dtype), copy=True).mul_(weight)
+                self.total = _weighted_copy(value, weight)
             else:
                 self.total.add_(value.to(self.total.device), alpha=weight)
         elif self.kind == "ndarray":

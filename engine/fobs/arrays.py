@@ -17,6 +17,7 @@ from engine.fobs.context import DecodeContext, EncodeContext
 from engine.fobs.datum import Datum, DatumType
 from engine.fobs.decomposer import Decomposer
 from engine.fobs.dtypes import dtype_name, torch_dtype
+from engine.fobs.tensor_pool import pooled_empty
 
 #: numpy dtype kinds that are plain bytes in memory: bool, ints, floats, complex, bytes, str.
 _PLAIN_NUMPY_KINDS = frozenset("biufcSU")
@@ -110,7 +111,7 @@ class TensorDecomposer(Decomposer[torch.Tensor]):
         dtype = torch_dtype(data["dtype"])
         frame = memoryview(data["data"])
         shape = check_shape(data["shape"], torch.empty((), dtype=dtype).element_size(), frame.nbytes)
-        tensor = torch.empty(shape, dtype=dtype)
+        tensor = pooled_empty(shape, dtype)
         if frame.nbytes:
             copy_bytes(byte_view(tensor), frame)
         return tensor

@@ -94,11 +94,14 @@ def deserialize(
     if len(dots) != len(frames):
         raise MalformedMessageError(f"header lists {len(dots)} datums but {len(frames)} frames arrived")
     ctx.frames, ctx.dots = frames, dots
-    for index, dot in enumerate(dots):
-        handler = registry.datum_handler(dot)
-        if handler is not None:
-            handler(ctx, index)
-    return _unpack(body, ext_hook=_Decoder(registry, ctx).ext_hook)
+    try:
+        for index, dot in enumerate(dots):
+            handler = registry.datum_handler(dot)
+            if handler is not None:
+                handler(ctx, index)
+        return _unpack(body, ext_hook=_Decoder(registry, ctx).ext_hook)
+    finally:
+        ctx.frames = ()  # a context the caller keeps must not keep the received buffers alive
 
 
 def _unpack(data: Buffer, ext_hook: Any) -> Any:

@@ -21,6 +21,7 @@ import torch
 from engine.errors import StreamingError
 from engine.fobs.arrays import byte_view, copy_bytes
 from engine.fobs.dtypes import torch_dtype
+from engine.fobs.tensor_pool import pooled_empty
 from engine.streaming.layout import StreamLayout
 
 
@@ -105,12 +106,16 @@ class StreamConsumer(ChunkConsumer):
 
 
 class MemoryConsumer(StreamConsumer):
-    """Builds a dict of CPU tensors, each allocated once and filled in place as chunks land."""
+    """Builds a dict of CPU tensors, each allocated once and filled in place as chunks land.
+
+    The tensors come from `engine.fobs.tensor_pool`: a download reuses the memory of an earlier
+    one that is no longer in use.
+    """
 
     def __init__(self, layout: StreamLayout, chunk_bytes: int) -> None:
         super().__init__(layout, chunk_bytes)
         self._tensors: dict[str, torch.Tensor] | None = {
-            entry.name: torch.empty(entry.shape, dtype=torch_dtype(entry.dtype)) for entry in layout.entries
+            entry.name: pooled_empty(entry.shape, torch_dtype(entry.dtype)) for entry in layout.entries
         }
         self._targets = [byte_view(self._tensors[entry.name]) for entry in layout.entries]
         self._ends = [entry.end for entry in layout.entries]

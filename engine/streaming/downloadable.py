@@ -78,6 +78,7 @@ class TensorDownloadable:
         self.chunk_count = self.layout.chunk_count(chunk_bytes)
         self.in_memory = all(_in_place(tensor) for tensor in self.tensors.values())
         self._copy_cache_bytes = copy_cache_bytes
+        self._views: dict[str, memoryview] = {}  # in-place tensors' bytes, made once per tensor
         self._copies: OrderedDict[str, memoryview] = OrderedDict()
         self._copied_bytes = 0
         self._lock = threading.Lock()
@@ -99,15 +100,20 @@ class TensorDownloadable:
         """Drop the references to the tensors and any copies; the downloadable serves no more."""
         with self._lock:
             self.tensors.clear()
+            self._views.clear()
             self._copies.clear()
             self._copied_bytes = 0
 
     def _data_of(self, name: str) -> memoryview:
+        view = self._views.get(name)
+        if view is not None:
+            return view
         tensor = self.tensors.get(name)
         if tensor is None:
             raise StreamingError("the download was released while a chunk was being served")
         if _in_place(tensor):
-            return memoryview(tensor_bytes(tensor))
+            view = self._views[name] = memoryview(tensor_bytes(tensor))
+            return view
         with self._lock:
             cached = self._copies.get(name)
             if cached is not None:

@@ -27,6 +27,7 @@ import torch
 from engine.errors import StreamingError
 from engine.fobs.dtypes import torch_dtype
 from engine.fobs.tensor_layout import TensorEntry
+from engine.fobs.tensor_pool import pooled_empty
 from engine.streaming.layout import StreamLayout
 
 log = logging.getLogger(__name__)
@@ -127,13 +128,13 @@ class LazyRef:
             )
 
     def resolve(self) -> torch.Tensor | np.ndarray:
-        """Read the tensor from its file into fresh memory and return it (a numpy array for arrays).
+        """Read the tensor from its file into new (pooled) memory and return it (a numpy array for arrays).
 
         Raises:
             StreamingError: As `verify`, or the read came up short.
         """
         self.verify()
-        tensor = torch.empty(self.shape, dtype=self.dtype)
+        tensor = pooled_empty(self.shape, self.dtype)
         if self.nbytes:
             target = tensor.reshape(-1).view(torch.uint8).numpy()
             try:

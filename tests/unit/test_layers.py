@@ -19,7 +19,7 @@ ALLOWED = {
     "streaming": {"errors", "fobs", "cells"},
     "model": {"errors", "fobs"},
     "controller": {"errors", "model"},
-    "aggregators": {"errors", "model"},
+    "aggregators": {"errors", "fobs", "model"},
     "persistors": {"errors", "fobs", "model"},
     "filters": {"errors", "model"},
     "workflows": {"errors", "model", "controller", "aggregators", "persistors", "filters"},

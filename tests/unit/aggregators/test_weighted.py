@@ -57,6 +57,37 @@ def test_float32_mean_of_random_values_matches_float64_computation() -> None:
     np.testing.assert_allclose(result.double().numpy(), expected.numpy(), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.bfloat16, torch.float64, torch.int64],
+    ids=["float32", "bfloat16", "float64", "int64"],
+)
+def test_large_tensors_summed_in_pooled_memory_are_exact(dtype: torch.dtype) -> None:
+    rows = INT_VALUES if dtype == torch.int64 else VALUES
+    helper = WeightedAggregationHelper()
+    add_all(helper, [torch.tensor(r, dtype=dtype).repeat(1 << 18) for r in rows])  # >= 1 MiB each
+
+    result = helper.get_result()["x"]
+
+    expected = np.tile(hand_mean(rows, WEIGHTS), 1 << 18)
+    if dtype == torch.int64:
+        expected = np.round(expected)
+    assert result.dtype == dtype
+    np.testing.assert_allclose(result.double().numpy(), expected, atol=1e-6, rtol=0)
+
+
+def test_the_sum_of_a_round_reuses_the_memory_of_a_dropped_result() -> None:
+    helper = WeightedAggregationHelper()
+    add_all(helper, [torch.full((1 << 18,), float(i)) for i in range(3)])
+    first = helper.get_result()["x"]
+    address = first.data_ptr()
+    del first
+
+    add_all(helper, [torch.full((1 << 18,), float(i)) for i in range(3)])
+
+    assert helper.get_result()["x"].data_ptr() == address
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=["int64", "int32"])
 def test_integer_tensor_mean_is_rounded_back_to_its_dtype(dtype: torch.dtype) -> None:
     helper = WeightedAggregationHelper()

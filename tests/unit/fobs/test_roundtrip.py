@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import weakref
 from collections import OrderedDict
 from enum import Enum
 from typing import Any
@@ -137,3 +138,16 @@ def test_big_bytes_leave_the_msgpack_body() -> None:
 
     assert [f.nbytes for f in frames] == [len(big)]
     assert len(header) < 300
+
+
+def test_a_decode_context_kept_by_the_caller_does_not_keep_the_received_frames_alive() -> None:
+    header, frames = fobs.serialize({"x": np.arange(100_000)})
+    received = [np.frombuffer(bytes(frame), dtype=np.uint8) for frame in frames]
+    alive = weakref.ref(received[0])
+    ctx = fobs.DecodeContext()
+
+    result = fobs.deserialize(header, received, ctx)
+    del received
+
+    assert alive() is None
+    assert np.array_equal(result["x"], np.arange(100_000))

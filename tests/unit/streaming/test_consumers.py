@@ -109,3 +109,26 @@ def test_a_header_chunk_that_differs_from_the_announced_one_is_refused() -> None
 
     with pytest.raises(StreamingError, match=r"the streamed header differs from the one announced"):
         MemoryConsumer(layout, 1024).accept(index, [bytes(forged)])
+
+
+def test_a_second_download_lands_in_the_memory_of_a_dropped_first_one() -> None:
+    tensors = {"weight": torch.randn(512, 1024), "bias": torch.randn(16)}
+    layout = StreamLayout.of_tensors(tensors)
+    arrivals = chunks(layout, tensors, 1 << 20)
+
+    def download() -> dict[str, torch.Tensor]:
+        consumer = MemoryConsumer(StreamLayout.parse(layout.header), 1 << 20)
+        for index, frames in arrivals:
+            consumer.accept(index, frames)
+        return consumer.finish()
+
+    first = download()
+    address = first["weight"].data_ptr()
+    kept = download()  # the first is still held: new memory
+    assert kept["weight"].data_ptr() != address
+    del first
+
+    second = download()
+
+    assert second["weight"].data_ptr() == address
+    assert torch.equal(second["weight"], tensors["weight"]) and torch.equal(kept["weight"], tensors["weight"])
