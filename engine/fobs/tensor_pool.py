@@ -45,10 +45,21 @@ class _Slot:
         self.idle_since = idle_since
 
     def is_free(self) -> bool:
-        # Two Python references: this slot's attribute and getrefcount's argument. A live tensor
-        # on the storage raises the C++ use count; a kept ``tensor.untyped_storage()`` (the same
-        # Python object) raises the reference count.
-        return _use_count(self.storage._cdata) == 1 and sys.getrefcount(self.storage) == 2
+        # A live tensor on the storage raises the C++ use count; a kept ``untyped_storage()`` of
+        # one (the same Python object) raises the reference count above that of a slot alone.
+        return _use_count(self.storage._cdata) == 1 and self.references() == _ALONE
+
+    def references(self) -> int:
+        """The storage's Python reference count, as counted from here."""
+        return sys.getrefcount(self.storage)
+
+
+def _references_of_a_slot_alone() -> int:
+    # Measured rather than assumed: what getrefcount reports differs between Python versions.
+    return _Slot(torch.UntypedStorage(0), idle_since=None).references()
+
+
+_ALONE = _references_of_a_slot_alone()
 
 
 class TensorPool:
