@@ -75,10 +75,9 @@ class TensorPool:
     """
 
     def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES, idle_release_s: float = DEFAULT_IDLE_RELEASE_S) -> None:
-        if idle_release_s < 0:
-            raise ValueError(f"idle_release_s must be >= 0, got {idle_release_s}")
         self.min_bytes = min_bytes
-        self.idle_release_s = idle_release_s
+        self.idle_release_s = DEFAULT_IDLE_RELEASE_S
+        self.configure(idle_release_s)
         self.enabled = _use_count is not None
         self._slots: dict[int, list[_Slot]] = {}
         self._lock = threading.Lock()
@@ -86,6 +85,12 @@ class TensorPool:
         self._stop = threading.Event()
         self.reused_bytes = 0
         self.allocated_bytes = 0
+
+    def configure(self, idle_release_s: float) -> None:
+        """Set how long a free storage is kept (a job's ``tensor_pool_idle_release_s``)."""
+        if isinstance(idle_release_s, bool) or not isinstance(idle_release_s, (int, float)) or idle_release_s < 0:
+            raise ValueError(f"idle_release_s must be a number of seconds >= 0, got {idle_release_s!r}")
+        self.idle_release_s = float(idle_release_s)
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialized contiguous CPU tensor of ``shape`` and ``dtype``."""
@@ -113,6 +118,14 @@ class TensorPool:
                 slot.idle_since = None
                 return slot.storage
         return None
+
+    def stats(self) -> dict[str, float]:
+        """The setting and what the pool did so far: bytes allocated fresh and bytes reused."""
+        return {
+            "idle_release_s": self.idle_release_s,
+            "allocated_bytes": self.allocated_bytes,
+            "reused_bytes": self.reused_bytes,
+        }
 
     def idle_bytes(self) -> int:
         """Bytes of the storages that nothing but the pool holds now."""
@@ -161,8 +174,7 @@ class TensorPool:
             self._sweeper.start()
 
     def _sweep(self) -> None:
-        interval = max(self.idle_release_s / 2, 0.05)
-        while not self._stop.wait(interval):
+        while not self._stop.wait(max(self.idle_release_s / 2, 0.05)):
             released = self.release_idle()
             if released:
                 logger.debug("tensor pool: released %.1f MiB of idle tensor memory", released / 2**20)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ComponentSpec, ConfigDocument, build_component
+from engine.fobs.tensor_pool import DEFAULT_IDLE_RELEASE_S, TENSOR_POOL
 from engine.model import Shareable
 from engine.streaming.codec import MessageCodec
 from engine.streaming.disk import DiskDownloads
@@ -106,6 +107,11 @@ STREAMING_KEYS = (
 def streaming_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The streaming settings of a validated config (the `STREAMING_KEYS` it sets)."""
     return {key: config[key] for key in STREAMING_KEYS if key in config}
+
+
+def configure_tensor_pool(config: dict[str, Any]) -> None:
+    """Apply a validated config's ``tensor_pool_idle_release_s`` to this process's tensor pool."""
+    TENSOR_POOL.configure(config.get("tensor_pool_idle_release_s", DEFAULT_IDLE_RELEASE_S))
 
 
 #: Where downloads to disk go by default, under a side's workspace folder.

@@ -30,6 +30,7 @@ from engine.runtime.assembly import (
     FilterError,
     build_entries,
     build_executors,
+    configure_tensor_pool,
     downloads_to_disk,
     route_task,
     streaming_settings,
@@ -86,6 +87,7 @@ class ClientJob:
         if self.app.custom_dir is not None and self.app.custom_dir.is_dir():
             sys.path.insert(0, str(self.app.custom_dir.resolve()))
         self.settings = streaming_settings(config)
+        configure_tensor_pool(config)
         components = build_entries(document, "components")
         for component in components.values():
             if callable(getattr(component, "use_workspace", None)):

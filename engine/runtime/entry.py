@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.config import load_job
+from engine.fobs.tensor_pool import TENSOR_POOL
 from engine.runtime.client import ClientJob
 from engine.runtime.process import (
     EventWriter,
@@ -65,7 +66,7 @@ def _run_server(job, folder: Path, args: argparse.Namespace) -> int:
         state, reason, rounds = JobState.FINISHED_EXECUTION_EXCEPTION, f"{type(e).__name__}: {e}", server.rounds
     record = {"state": state.value, "reason": reason, "rounds": rounds, "seconds": time.time() - started}
     (folder / RESULT_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    write_process_file(folder, args.site, chunks_served=server.chunks_served)
+    write_process_file(folder, args.site, chunks_served=server.chunks_served, tensor_pool=TENSOR_POOL.stats())
     events("job_done", state=state.value, reason=reason)
     return 0 if state is JobState.FINISHED_COMPLETED else 1
 
@@ -81,7 +82,13 @@ def _run_client(job, folder: Path, args: argparse.Namespace) -> int:
         log.exception("client job failed")
         print(f"Error: {args.site}: {type(e).__name__}: {e}", file=sys.stderr)
         code = 1
-    write_process_file(folder, args.site, tasks_done=client.tasks_done, chunks_served=client.chunks_served)
+    write_process_file(
+        folder,
+        args.site,
+        tasks_done=client.tasks_done,
+        chunks_served=client.chunks_served,
+        tensor_pool=TENSOR_POOL.stats(),
+    )
     return code
 
 

@@ -30,7 +30,13 @@ from engine.fobs import default_registry
 from engine.model import DXO, FLModel, ReservedHeaderKey, Shareable
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
 from engine.runtime import protocol
-from engine.runtime.assembly import FilterChains, build_entries, downloads_to_disk, streaming_settings
+from engine.runtime.assembly import (
+    FilterChains,
+    build_entries,
+    configure_tensor_pool,
+    downloads_to_disk,
+    streaming_settings,
+)
 from engine.runtime.states import JobState
 from engine.streaming.codec import MessageCodec
 from engine.streaming.disk import DiskConsumerFactory, DiskDownloads
@@ -111,6 +117,7 @@ class ServerJob:
                 component.use_workspace(self.workspace)
 
         settings = streaming_settings(config)
+        configure_tensor_pool(config)
         self.cell = Cell("server", CellSettings.from_config(config.get("cell", {}))).start()
         self.service = DownloadService(self.cell)
         self.codec = MessageCodec(default_registry(), StreamingContext.from_config(self.cell, self.service, settings))

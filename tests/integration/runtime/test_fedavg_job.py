@@ -100,3 +100,20 @@ def test_the_per_request_timeout_of_the_config_bounds_each_chunk_request(
     assert result.state is JobState.FINISHED_EXECUTION_EXCEPTION, output
     summary = read_json(tmp_path / "workspace" / "summary.json")
     assert reason in summary["reason"] and "no reply within 0.002 s" in summary["reason"], summary["reason"]
+
+
+def test_the_tensor_pool_setting_reaches_every_process_and_later_rounds_reuse_memory(simulate, tmp_path: Path) -> None:
+    setting = "tensor_pool_idle_release_s = 120\n"
+    # 512 x 512 float32 weights: 1 MiB each, the smallest tensors the pool takes.
+    job = make_bench_job(tmp_path, num_rounds=4, layers=2, width=512, server_extra=setting, client_extra=setting)
+
+    result, output = simulate(job)
+
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    for site in ("server", "site-1", "site-2"):
+        pool = read_json(tmp_path / "workspace" / site / "process.json")["tensor_pool"]
+        assert pool["idle_release_s"] == 120, site
+        # Later rounds land in memory of earlier ones: results and sums on the server; on the
+        # clients the global model of round r + 2 in that of round r (the script still holds
+        # round r's model while it receives round r + 1's, as scripts do).
+        assert pool["allocated_bytes"] > 0 and pool["reused_bytes"] >= pool["allocated_bytes"], (site, pool)
