@@ -9,9 +9,10 @@ while filling memory that is already mapped costs about 0.1 s per GiB.
 The pool keeps the storage of every large CPU tensor it hands out. When a new tensor of the same
 byte size is asked for and nothing else holds one of those storages any more (its C++ use count
 and its Python reference count say so), that storage is reused. A storage nobody has used for
-``idle_release_s`` is dropped by a background sweeper, so memory a job no longer needs goes back
-to the system within seconds. Storages are only matched by exact size: FL rounds ask for the same
-sizes again, and a storage that fits nothing is released rather than kept on the chance of it.
+``idle_release_s`` (a job's ``tensor_pool_idle_release_s``, default 10 s) is dropped by a
+background sweeper, so memory a job no longer needs goes back to the system. Storages are only
+matched by exact size: FL rounds ask for the same sizes again, and a storage that fits nothing
+is released rather than kept on the chance of it.
 """
 
 from __future__ import annotations

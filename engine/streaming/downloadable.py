@@ -112,7 +112,10 @@ class TensorDownloadable:
         if tensor is None:
             raise StreamingError("the download was released while a chunk was being served")
         if _in_place(tensor):
-            view = self._views[name] = memoryview(tensor_bytes(tensor))
+            view = memoryview(tensor_bytes(tensor))
+            with self._lock:
+                if name in self.tensors:  # not released meanwhile: a kept view would pin the memory
+                    self._views[name] = view
             return view
         with self._lock:
             cached = self._copies.get(name)
