@@ -54,30 +54,34 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], path: Path, direct: b
     pieces += [byte_view(tensors[entry.name]) for entry in entries if entry.nbytes]
     if direct:
         try:
-            _write(pieces, path, os.O_DIRECT)
+            _write_direct(pieces, path)
             return
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
             logger.debug("no direct I/O for %s (%s): writing through the page cache", path, e)
-    _write(pieces, path, 0)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for piece in pieces:  # straight from the tensors' memory: no staging copy needed
+            _write_all(fd, memoryview(piece))
+    finally:
+        os.close(fd)
 
 
-def _write(pieces: list[np.ndarray], path: Path, extra_flags: int) -> None:
-    """Write the concatenation of ``pieces`` through the staging buffer, in whole staging blocks."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | extra_flags, 0o644)
+def _write_direct(pieces: list[np.ndarray], path: Path) -> None:
+    """Write the concatenation of ``pieces`` with ``O_DIRECT``, through the staging buffer."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
     try:
         # Page-aligned, as O_DIRECT needs; unmapped when the last view of it is gone.
         staging_map = mmap.mmap(-1, STAGING_BYTES)
         staging, raw = np.frombuffer(staging_map, dtype=np.uint8), memoryview(staging_map)
         length = 0
         for block in _blocks(pieces, staging):
-            size = len(block) if not extra_flags else -(-len(block) // DIRECT_ALIGNMENT) * DIRECT_ALIGNMENT
+            size = -(-len(block) // DIRECT_ALIGNMENT) * DIRECT_ALIGNMENT
             staging[len(block) : size] = 0
             _write_all(fd, raw[:size])
             length += len(block)
-        if extra_flags:
-            os.ftruncate(fd, length)  # the last block was padded to the alignment
+        os.ftruncate(fd, length)  # the last block was padded to the alignment
     finally:
         os.close(fd)
 
