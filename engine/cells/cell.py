@@ -422,7 +422,7 @@ class Cell:
             logger.debug("message dropped at stop: channel=%s topic=%s", action.message.channel, action.message.topic)
 
     def _run_handler(self, action: Dispatch) -> None:
-        """Runs on a pool thread: call the handler, queue its reply."""
+        """Runs on a pool thread (or inline on the I/O thread): call the handler, send its reply."""
         reply = run_handler(
             action.handler,
             action.message,
@@ -430,7 +430,11 @@ class Cell:
             limit_bytes=self._settings.max_message_size_bytes,
             count=self._core.count,
         )
-        if reply is not None:
+        if reply is None:
+            return
+        if self._io.is_current_thread():
+            self._io.send_now(*reply)
+        else:
             self._outbox.put(reply)
 
 

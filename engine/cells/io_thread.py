@@ -12,13 +12,14 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from engine.cells.core import Action, CellCore, Dispatch, Send
+from engine.cells.envelope import Envelope
 from engine.cells.outbox import Outbox
 from engine.cells.protocol import (
     CLOSE_LINGER_MAX_S,
@@ -32,6 +33,11 @@ from engine.errors import CellError
 logger = logging.getLogger(__name__)
 
 _MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+# Plain ints: pyzmq's flag enums cost an enum construction per ``|``, several per message.
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,6 +112,15 @@ class IoThread:
             logger.warning("I/O thread did not stop in time: cell=%s", self._core.fqcn)
             return False
         return True
+
+    def send_now(self, envelope: Envelope, frames: Sequence[Any]) -> None:
+        """Route a message at once, without the outbox (only on this I/O thread).
+
+        An inline handler's reply goes out this way: queueing it would cost the loop another
+        turn for a message that is ready.
+        """
+        assert self.is_current_thread(), "send_now is for the I/O thread"
+        self._guarded(self._core.on_outgoing, envelope, frames, time.monotonic())
 
     # ----------------------------------------------------------------- thread body
 
@@ -190,12 +205,18 @@ class IoThread:
         return stop
 
     def _receive(self, sock: zmq.Socket[Any]) -> None:
+        # Readiness is asked of the socket (a cheap getsockopt) instead of receiving until
+        # zmq.Again: building that exception cost more than the rest of a small message.
         server = self._connect_to is None
+        recv = sock.recv
         for _ in range(RECV_BATCH_MESSAGES):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            if not sock.getsockopt(_EVENTS) & _POLLIN:
                 return
+            frame = recv(_NOBLOCK, copy=False)
+            frames = [frame]
+            while frame.more:
+                frame = recv(_NOBLOCK, copy=False)
+                frames.append(frame)
             now_s = time.monotonic()
             if server:
                 self._guarded(self._core.on_frames, frames[0].bytes, frames[1:], now_s)
@@ -239,7 +260,12 @@ class IoThread:
         assert sock is not None
         parts = action.frames if action.routing_id is None else [action.routing_id, *action.frames]
         try:
-            sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+            # One part at a time with int flags (what send_multipart does, minus its checks):
+            # ZeroMQ accepts the rest of a message once its first part is queued.
+            send = sock.send
+            last = len(parts) - 1
+            for index, part in enumerate(parts):
+                send(part, _NOBLOCK if index == last else _NOBLOCK_MORE, copy=False)
             return
         except zmq.Again:
             reason, gone = "no connection, or its send queue is full", False

@@ -33,6 +33,10 @@ class ChunkConsumer(ABC):
         chunk_bytes: The chunk size the stream is pulled with, in bytes (> 0).
     """
 
+    places_on_io_thread: bool = False
+    """True when ``accept`` never blocks (a copy in memory): the download then places chunks
+    on the cell's I/O thread as they land. Leave False for anything that waits (disks, sleeps)."""
+
     def __init__(self, total_bytes: int, chunk_bytes: int) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk size must be > 0 bytes, got {chunk_bytes}")
@@ -111,6 +115,8 @@ class MemoryConsumer(StreamConsumer):
     The tensors come from `engine.fobs.tensor_pool`: a download reuses the memory of an earlier
     one that is no longer in use.
     """
+
+    places_on_io_thread = True
 
     def __init__(self, layout: StreamLayout, chunk_bytes: int) -> None:
         super().__init__(layout, chunk_bytes)

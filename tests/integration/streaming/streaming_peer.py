@@ -49,6 +49,8 @@ def serve(receivers: list[str]) -> None:
 class SlowConsumer(MemoryConsumer):
     """Takes a chunk every 0.2 s and says when the first one is in."""
 
+    places_on_io_thread = False  # it sleeps: keep it off the cell's I/O thread
+
     def accept(self, index, frames) -> None:  # type: ignore[no-untyped-def]
         super().accept(index, frames)
         if len(self._received) == 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch
 
 from engine.cells import Cell, CellSettings, Reply, Status
 from engine.errors import StreamingError
-from engine.streaming.consumers import DiskConsumer
+from engine.streaming.consumers import DiskConsumer, MemoryConsumer
 from engine.streaming.service import CHANNEL, TOPIC_CHUNK, TOPIC_INFO, DownloadService, download_tensors
 
 from .streaming_peer import CHUNK_BYTES, HEARTBEAT, seeded_tensors
@@ -100,6 +101,86 @@ def test_bad_requests_get_error_replies_and_the_service_keeps_serving(processes:
     assert not_a_receiver.status is Status.ERROR and "'site-2' is not a receiver" in not_a_receiver.reason
     received = download_tensors(receiver, "server", ref, per_request_timeout_s=10)
     assert torch.equal(received["layers.0.weight"], seeded_tensors()["layers.0.weight"])
+
+
+class ThreadRecordingMemoryConsumer(MemoryConsumer):
+    """Notes the thread that places each chunk; raises on chunk ``fail_at`` when it is set."""
+
+    fail_at: int | None = None
+
+    def __init__(self, layout, chunk_bytes) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(layout, chunk_bytes)
+        self.threads: set[str] = set()
+        self.aborted = False
+
+    def accept(self, index, frames) -> None:  # type: ignore[no-untyped-def]
+        self.threads.add(threading.current_thread().name)
+        if index == self.fail_at:
+            raise StreamingError(f"chunk {index} refused by the test")
+        super().accept(index, frames)
+
+    def abort(self) -> None:
+        self.aborted = True
+        super().abort()
+
+
+class ThreadRecordingDiskConsumer(DiskConsumer):
+    def __init__(self, layout, chunk_bytes, path) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(layout, chunk_bytes, path)
+        self.threads: set[str] = set()
+
+    def accept(self, index, frames) -> None:  # type: ignore[no-untyped-def]
+        self.threads.add(threading.current_thread().name)
+        super().accept(index, frames)
+
+
+def test_memory_downloads_place_chunks_on_the_io_thread_and_disk_downloads_on_the_caller(
+    processes: Processes, tmp_path: Path
+) -> None:
+    server = processes.cell("server")
+    service = DownloadService(server)
+    receiver = processes.cell("site-1", connect_to=server.endpoint)
+    refs = [service.add_tensors(seeded_tensors(), CHUNK_BYTES, receivers=["site-1"]) for _ in range(2)]
+    made: list[ThreadRecordingMemoryConsumer | ThreadRecordingDiskConsumer] = []
+
+    def in_memory(layout, chunk_bytes):  # type: ignore[no-untyped-def]
+        made.append(ThreadRecordingMemoryConsumer(layout, chunk_bytes))
+        return made[-1]
+
+    def on_disk(layout, chunk_bytes):  # type: ignore[no-untyped-def]
+        made.append(ThreadRecordingDiskConsumer(layout, chunk_bytes, tmp_path / "model.safetensors"))
+        return made[-1]
+
+    received = download_tensors(receiver, "server", refs[0], per_request_timeout_s=10, consumer_factory=in_memory)
+    file = download_tensors(receiver, "server", refs[1], per_request_timeout_s=10, consumer_factory=on_disk)
+    service.close()
+
+    expected = seeded_tensors()
+    assert all(torch.equal(received[name], tensor) for name, tensor in expected.items())
+    assert file == tmp_path / "model.safetensors" and file.stat().st_size > sum(t.nbytes for t in expected.values())
+    assert made[0].threads == {"site-1-io"}  # no hand-off to the pulling thread per chunk
+    assert made[1].threads == {threading.current_thread().name}  # a disk may block: never on the I/O thread
+
+
+def test_a_chunk_refused_on_the_io_thread_fails_the_download_and_the_cell_keeps_working(
+    processes: Processes,
+) -> None:
+    sender = processes.spawn("serve", "site-1")
+    endpoint, ref = read_line(sender, "READY")
+    receiver = processes.cell("site-1", connect_to=endpoint)
+    made: list[ThreadRecordingMemoryConsumer] = []
+
+    def refusing(layout, chunk_bytes):  # type: ignore[no-untyped-def]
+        made.append(ThreadRecordingMemoryConsumer(layout, chunk_bytes))
+        made[-1].fail_at = 3
+        return made[-1]
+
+    with pytest.raises(StreamingError, match="chunk 3 refused by the test"):
+        download_tensors(receiver, "server", ref, per_request_timeout_s=10, consumer_factory=refusing)
+
+    assert made[0].aborted and made[0].threads == {"site-1-io"}
+    received = download_tensors(receiver, "server", ref, per_request_timeout_s=10)
+    assert torch.equal(received["layers.7.weight"], seeded_tensors()["layers.7.weight"])
 
 
 class SlowDiskConsumer(DiskConsumer):
