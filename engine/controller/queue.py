@@ -87,6 +87,7 @@ class TaskQueue:
         self._dead: set[str] = set()
         self._ended = False
         self._late_result_handler: LateResultHandler | None = None
+        self._schedule_listener: Callable[[list[str]], None] | None = None
 
     @property
     def clients(self) -> list[str]:
@@ -101,6 +102,10 @@ class TaskQueue:
     def set_late_result_handler(self, handler: LateResultHandler | None) -> None:
         """Call ``handler(client, task_name, task_id, result)`` for each late result."""
         self._late_result_handler = handler
+
+    def set_schedule_listener(self, listener: Callable[[list[str]], None] | None) -> None:
+        """Call ``listener(targets)`` after each task is scheduled (the server tells those clients)."""
+        self._schedule_listener = listener
 
     def pending_tasks(self) -> list[Task]:
         """The tasks scheduled and not yet completed, in queue order."""
@@ -132,6 +137,12 @@ class TaskQueue:
             logger.debug("task scheduled: task=%s targets=%s", task.name, task.targets)
             finished = self._sweep_locked(task.schedule_time)
         self._finish(finished)
+        listener = self._schedule_listener
+        if listener is not None:
+            try:
+                listener(list(targets))
+            except Exception:  # a client not told asks again after its retry time anyway
+                logger.warning("schedule listener failed: task=%s", task.name, exc_info=True)
 
     def next_task(self, client: str) -> TaskAssignment | None:
         """Give ``client`` the first task in queue order it may take, or None: try again later.

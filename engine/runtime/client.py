@@ -77,6 +77,7 @@ class ClientJob:
         self.job_id = job_id
         self.server_silence_limit_s = server_silence_limit_s
         self.abort_signal = threading.Event()
+        self._task_ready = threading.Event()  # set by the server's notice that a task is scheduled
         self.tasks_done = 0
         self.chunks_served = 0
 
@@ -96,7 +97,11 @@ class ClientJob:
         data_filters = FilterChains.build(document, "task_data_filters")
         result_filters = FilterChains.build(document, "task_result_filters")
         cell_settings = CellSettings.from_config(config.get("cell", {}))
-        self.cell = Cell(self.site, cell_settings, connect_to=self.endpoint).start()
+        self.cell = Cell(self.site, cell_settings, connect_to=self.endpoint)
+        self.cell.register_handler(
+            protocol.TASK_CHANNEL, protocol.TOPIC_TASK_READY, lambda message: self._task_ready.set(), inline=True
+        )
+        self.cell.start()
         self.cell.wait_connected(cell_settings.heartbeat_timeout_s)  # else the pull loop retries
         service = DownloadService(self.cell)
         self.codec = MessageCodec(default_registry(), StreamingContext.from_config(self.cell, service, self.settings))
@@ -189,6 +194,7 @@ class ClientJob:
     def _pull_loop(self, routes: list[Any], data_filters: FilterChains, result_filters: FilterChains) -> None:
         last_heard = time.monotonic()
         while not self.abort_signal.is_set():
+            self._task_ready.clear()  # a notice from now on cuts the next wait short
             try:
                 reply = self.cell.request("server", protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, timeout_s=30.0)
             except CellError as e:
@@ -207,7 +213,7 @@ class ClientJob:
                 self._run_task(reply, routes, data_filters, result_filters)
                 last_heard = time.monotonic()
             else:
-                self.abort_signal.wait(float(reply.header.get("retry_s", protocol.DEFAULT_RETRY_S)))
+                self._task_ready.wait(float(reply.header.get("retry_s", protocol.DEFAULT_RETRY_S)))
 
     def _run_task(
         self, reply: Message, routes: list[Any], data_filters: FilterChains, result_filters: FilterChains

@@ -8,6 +8,9 @@ TASK_CHANNEL = "task"
 TOPIC_GET_TASK = "get"
 #: Client -> server: a result (frames: the FOBS Shareable). Header: ``task_id``, ``task_name``.
 TOPIC_SUBMIT = "submit"
+#: Server -> client, fire and forget: a task that targets it was just scheduled. A waiting
+#: client asks at once instead of at the end of its ``retry_s``.
+TOPIC_TASK_READY = "ready"
 
 #: A task follows: header ``task_name``, ``task_id``; frames: the FOBS Shareable.
 STATE_TASK = "task"

@@ -26,6 +26,7 @@ from engine.cells import Cell, CellSettings, Message, Reply, Status
 from engine.config import Job
 from engine.controller import Controller, SubmitOutcome, TaskQueue
 from engine.controller.context import JobContext, ReceivedStatus
+from engine.errors import CellError
 from engine.fobs import default_registry
 from engine.model import DXO, FLModel, ReservedHeaderKey, Shareable
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
@@ -122,6 +123,7 @@ class ServerJob:
         self.service = DownloadService(self.cell)
         self.codec = MessageCodec(default_registry(), StreamingContext.from_config(self.cell, self.service, settings))
         self.queue = TaskQueue(self.clients)
+        self.queue.set_schedule_listener(self._tell_task_ready)
         self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, self._on_get_task)
         self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_SUBMIT, self._on_submit)
         self.cell.register_handler(CCWF_CHANNEL, TOPIC_STATUS, self._on_status)
@@ -214,6 +216,16 @@ class ServerJob:
         log.warning("clients did not ask for work after the job ended: %s", sorted(waiting))
 
     # ----------------------------------------------------------------- handlers
+
+    def _tell_task_ready(self, targets: list[str]) -> None:
+        """Tell the connected targets of a new task to ask for it now (saves up to ``retry_s``)."""
+        connected = set(self.cell.peers())
+        for site in targets:
+            if site in connected:
+                try:
+                    self.cell.send(site, protocol.TASK_CHANNEL, protocol.TOPIC_TASK_READY)
+                except CellError as e:  # the client asks again after its retry time anyway
+                    log.debug("task-ready notice not sent site=%s: %s", site, e)
 
     def _on_get_task(self, message: Message) -> Reply:
         site = message.source

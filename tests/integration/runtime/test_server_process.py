@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.cells import Cell, CellSettings, Message
+from engine.cells import Cell, CellSettings, Message, Reply
 from engine.config import job_code_on_path
 from engine.fobs import default_registry
 from engine.model import FLModel, Shareable
@@ -143,6 +144,61 @@ def test_a_result_submitted_twice_is_counted_once(tmp_path: Path, no_leftovers: 
     for name, tensor in initial.items():
         assert torch.allclose(final[name].double(), tensor.double() + delta, rtol=0, atol=1e-6), name
     assert read_json(workspace / "server" / "result.json")["state"] == "FINISHED_COMPLETED"
+
+
+def test_the_server_tells_a_waiting_client_when_its_task_is_scheduled(tmp_path: Path, no_leftovers: None) -> None:
+    job = make_bench_job(tmp_path, num_rounds=1, layers=1, width=8)
+    workspace = tmp_path / "workspace"
+    server = start_process("server", job, workspace, "--clients", "site-1")
+    client = None
+    try:
+        endpoint = wait_endpoint(server)
+        client = HandDrivenClient("site-1", endpoint)
+        told = threading.Event()
+        client.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_TASK_READY, lambda message: told.set())
+        first = client.ask()  # the workflow starts once every client asked; its task comes after
+        assert told.wait(STARTUP_S), "no task-ready notice"
+        second = client.ask()
+        assert second.header["state"] == protocol.STATE_TASK  # the notice comes once the task is there
+        outcome = client.submit(second.header, bench_result(client.codec.decode(second.frames), 1))
+    finally:
+        if client is not None:
+            client.close()
+        code = finish(server)
+
+    assert first.header["state"] == protocol.STATE_WAIT
+    assert outcome == "ACCEPTED"
+    assert code == 0
+
+
+def test_a_waiting_client_asks_again_as_soon_as_it_is_told_a_task_is_ready(tmp_path: Path, no_leftovers: None) -> None:
+    job = make_bench_job(tmp_path, num_rounds=1, num_clients=1, layers=1, width=8)
+    server = Cell("server", CellSettings(port=0, heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0)).start()
+    asks: list[float] = []
+    replies = [
+        Reply(header={"state": protocol.STATE_WAIT, "retry_s": 30.0}),  # without the notice: 30 s
+        Reply(header={"state": protocol.STATE_END}),
+    ]
+
+    def get_task(message: Message) -> Reply:
+        asks.append(time.monotonic())
+        return replies[min(len(asks), len(replies)) - 1]
+
+    server.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, get_task)
+    client = start_process("client", job, tmp_path / "workspace", "--site", "site-1", "--connect", server.endpoint)
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while not asks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert asks, "the client never asked for work"
+        time.sleep(0.3)  # it is now waiting out its retry time
+        server.send("site-1", protocol.TASK_CHANNEL, protocol.TOPIC_TASK_READY)
+        code = finish(client, timeout_s=20.0)
+    finally:
+        server.stop()
+
+    assert code == 0
+    assert len(asks) == 2 and asks[1] - asks[0] < 5.0  # woken by the notice, not after 30 s
 
 
 def free_port() -> int:

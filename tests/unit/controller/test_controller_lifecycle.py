@@ -40,6 +40,29 @@ def test_no_task_means_try_again_later(controller: Workflow, queue: TaskQueue) -
     assert queue.pending_tasks() == []
 
 
+def test_the_schedule_listener_hears_the_targets_of_each_new_task(controller: Workflow, queue: TaskQueue) -> None:
+    heard: list[list[str]] = []
+    queue.set_schedule_listener(heard.append)
+
+    controller.broadcast(Task("only_two", Shareable()), targets=["site-2"])
+    controller.broadcast(Task("for_all", Shareable()))
+    queue.set_schedule_listener(None)
+    controller.broadcast(Task("unheard", Shareable()))
+
+    assert heard == [["site-2"], list(CLIENTS)]
+
+
+def test_a_raising_schedule_listener_does_not_stop_the_task(controller: Workflow, queue: TaskQueue) -> None:
+    def broken(targets: list[str]) -> None:
+        raise RuntimeError("no cell")
+
+    queue.set_schedule_listener(broken)
+    controller.broadcast(Task("train", Shareable()), targets=["site-1"])
+
+    assignment = queue.next_task("site-1")
+    assert assignment is not None and assignment.task_name == "train"
+
+
 @pytest.mark.parametrize("case", ["unknown-id", "task-done", "other-client"])
 def test_a_late_result_goes_to_process_result_of_unknown_task(
     controller: Workflow, queue: TaskQueue, case: str
