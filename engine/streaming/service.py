@@ -336,6 +336,8 @@ class _ChunkPuller:
                 continue
             self._take(index, reply)
         if self._error is not None:
+            with self._place_lock:  # no chunk is being placed once the caller aborts the consumer
+                pass
             raise self._error
 
     def _ask(self) -> None:
@@ -345,9 +347,15 @@ class _ChunkPuller:
             index = self._next_index
             self._next_index += 1
             self._outstanding += 1
-        future = self._cell.request_async(
-            self._source, CHANNEL, TOPIC_CHUNK, {"ref": self._ref, "index": index}, timeout_s=self._timeout_s
-        )
+        try:
+            future = self._cell.request_async(
+                self._source, CHANNEL, TOPIC_CHUNK, {"ref": self._ref, "index": index}, timeout_s=self._timeout_s
+            )
+        except Exception as e:  # the cell stopped: no reply will ever come for this one
+            with self._lock:
+                self._outstanding -= 1
+            self._fail(StreamingError(f"{self._where}: chunk {index} could not be requested: {e}"))
+            return
         future.add_done_callback(lambda done: self._on_reply(index, done.result()))
 
     def _on_reply(self, index: int, reply: Message) -> None:

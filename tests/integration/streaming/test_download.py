@@ -183,6 +183,42 @@ def test_a_chunk_refused_on_the_io_thread_fails_the_download_and_the_cell_keeps_
     assert torch.equal(received["layers.7.weight"], seeded_tensors()["layers.7.weight"])
 
 
+def test_a_receiving_cell_stopped_mid_download_fails_it_at_once(processes: Processes) -> None:
+    server = processes.cell("server")
+    service = DownloadService(server)
+    receiver = Cell("site-1", CellSettings(**HEARTBEAT), connect_to=server.endpoint).start()
+    assert receiver.wait_connected(timeout_s=10)
+    ref = service.add_tensors(seeded_tensors(), CHUNK_BYTES, receivers=["site-1"])
+    first_chunk_in = threading.Event()
+
+    class StopsTheCell(MemoryConsumer):
+        def accept(self, index, frames) -> None:  # type: ignore[no-untyped-def]
+            super().accept(index, frames)
+            first_chunk_in.set()
+            time.sleep(0.2)  # holds the I/O thread while the test stops the cell
+
+    outcome: list[BaseException | None] = []
+
+    def download() -> None:
+        try:
+            download_tensors(receiver, "server", ref, per_request_timeout_s=30, consumer_factory=StopsTheCell)
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    puller = threading.Thread(target=download)
+    start = time.monotonic()
+    puller.start()
+    assert first_chunk_in.wait(10)
+    receiver.stop(timeout_s=3)
+    puller.join(15)
+
+    assert not puller.is_alive(), "the download hung after its cell stopped"
+    assert time.monotonic() - start < 15
+    assert len(outcome) == 1 and isinstance(outcome[0], StreamingError), outcome
+    service.close()
+
+
 class SlowDiskConsumer(DiskConsumer):
     """Writes to disk and takes its time, so the sender can die mid-download."""
 
