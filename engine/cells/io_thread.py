@@ -159,7 +159,10 @@ class IoThread:
             sock.bind(f"tcp://{settings.host}:{port}")
             self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             return sock, None
-        sock.setsockopt(zmq.IMMEDIATE, 1)
+        # Not IMMEDIATE: with it, ZeroMQ drops what was received but not yet read when a
+        # connection ends, and the server's last reply before it stops would be lost. A request
+        # while the link is down fails at once in the core instead (``connected`` is clear).
+        sock.setsockopt(zmq.IMMEDIATE, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_INTERVAL_MS)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_INTERVAL_MAX_MS)
         monitor = sock.get_monitor_socket(_MONITOR_EVENTS)  # before connect: see the first one
@@ -233,6 +236,10 @@ class IoThread:
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._guarded(self._core.on_link_up, now_s)
             elif event["event"] == zmq.EVENT_DISCONNECTED:
+                # What the server sent before it went away (its last replies, its BYE) is in the
+                # socket already: take it before failing the requests still waiting.
+                if self._socket is not None:
+                    self._receive(self._socket)
                 reason = (
                     f"{self._core.fqcn}: connection to the server at {self.endpoint} was "
                     "lost (server stopped or died, or it refused a frame above its "
