@@ -8,11 +8,13 @@ and no cells, which is the ceiling the cells layer is held against.
 
 Usage::
 
-    python tools/bench_cells.py [--out FILE] [--raw] [--tune-malloc] [--repeat N] [--total-mib MIB]
+    python tools/bench_cells.py [--out FILE] [--raw] [--inline] [--glibc-malloc] [--repeat N] [--total-mib MIB]
 
-``--tune-malloc`` (both processes, either mode) keeps glibc from handing freed receive buffers
-back to the kernel after each frame: ZeroMQ mallocs every received frame, and once several are
-alive at once glibc's default trimming makes each new one page-fault in again.
+Both processes set glibc's allocator as flengine's job processes do for a job whose largest
+chunk is the largest frame measured (`engine.runtime.process.return_freed_memory_to_the_system`):
+ZeroMQ mallocs every received frame, and with glibc's defaults each one above its mmap
+threshold is a fresh mapping, page-faulted in again. ``--glibc-malloc`` keeps glibc's defaults,
+in either mode.
 
 Prints a table and writes JSON::
 
@@ -27,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
-import ctypes.util
 import json
 import os
 import platform
@@ -38,30 +38,24 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 FRAME_SIZES_MIB = (2, 8)
 IN_FLIGHT = (1, 4, 8)
 MAX_FRAME_BYTES = max(FRAME_SIZES_MIB) << 20
 REQUEST_TIMEOUT_S = 30.0
 STARTUP_TIMEOUT_S = 30.0
-# glibc mallopt parameters and the values --tune-malloc sets.
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-TRIM_THRESHOLD_BYTES = 64 << 20
-MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's maximum; frames above it are mmapped as before
 
 
-def tune_malloc() -> bool:
-    """Raise glibc's trim and mmap thresholds for this process; False where there is no glibc."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(
-            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-            and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
-        )
-    except (OSError, AttributeError):
-        return False
+def set_malloc_as_jobs_do() -> bool:
+    """Set glibc's allocator as a job process with chunks of the largest frame here; False without glibc."""
+    from engine.runtime.process import return_freed_memory_to_the_system
+
+    return return_freed_memory_to_the_system(MAX_FRAME_BYTES)
 
 
 # ----------------------------------------------------------------------------- servers
@@ -207,10 +201,10 @@ def measure_throughput(client: CellClient | RawClient, size_mib: int, in_flight:
     return count * size / elapsed / (1 << 30)
 
 
-def run(raw: bool, repeat: int, total_mib: int, rtt_count: int, malloc_tuned: bool, inline: bool = False) -> dict:
+def run(raw: bool, repeat: int, total_mib: int, rtt_count: int, malloc: str, inline: bool = False) -> dict:
     mode = "raw" if raw else ("cell-inline" if inline else "cell")
     child = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--serve", mode, *(["--tune-malloc"] if malloc_tuned else [])],
+        [sys.executable, os.path.abspath(__file__), "--serve", mode, *(["--glibc-malloc"] * (malloc == "glibc"))],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -222,7 +216,7 @@ def run(raw: bool, repeat: int, total_mib: int, rtt_count: int, malloc_tuned: bo
         client = RawClient(endpoint) if raw else CellClient(endpoint)
         try:
             result = _measure(client, mode, repeat, total_mib, rtt_count)
-            result["malloc_tuned"] = malloc_tuned
+            result["malloc"] = malloc
             return result
         finally:
             client.close()
@@ -266,8 +260,8 @@ def _measure(client: CellClient | RawClient, mode: str, repeat: int, total_mib: 
 
 
 def print_table(result: dict) -> None:
-    tuned = ", malloc tuned" if result["malloc_tuned"] else ""
-    print(f"mode: {result['mode']}{tuned}  (median of {result['repeat']} runs, min-max in brackets)")
+    print(f"mode: {result['mode']}, malloc as {result['malloc']}", end="")
+    print(f"  (median of {result['repeat']} runs, min-max in brackets)")
     p50 = [r["p50"] for r in result["rtt_runs_us"]]
     p99 = [r["p99"] for r in result["rtt_runs_us"]]
     print(f"{'rtt p50 (us)':<16}{result['rtt_p50_us']:>10.1f}   [{min(p50):.0f}-{max(p50):.0f}]")
@@ -290,23 +284,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rtt-count", type=int, default=2000, help="round trips timed per run (default 2000)")
     parser.add_argument(
-        "--tune-malloc", action="store_true", help="raise glibc's trim/mmap thresholds in both processes"
+        "--glibc-malloc", action="store_true", help="keep glibc's allocator defaults instead of flengine's setting"
     )
     parser.add_argument(
         "--inline", action="store_true", help="cells only: run the server's handlers on its I/O thread (inline=True)"
     )
     parser.add_argument("--serve", choices=("cell", "cell-inline", "raw"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.tune_malloc and not tune_malloc():
-        print("--tune-malloc: no glibc mallopt here; running untuned", file=sys.stderr)
-        args.tune_malloc = False
+    malloc = "glibc" if args.glibc_malloc or not set_malloc_as_jobs_do() else "flengine"
     if args.serve in ("cell", "cell-inline"):
         serve_cell(inline=args.serve == "cell-inline")
         return 0
     if args.serve == "raw":
         serve_raw()
         return 0
-    result = run(args.raw, args.repeat, args.total_mib, args.rtt_count, args.tune_malloc, args.inline)
+    result = run(args.raw, args.repeat, args.total_mib, args.rtt_count, malloc, args.inline)
     print_table(result)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

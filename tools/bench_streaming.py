@@ -122,7 +122,8 @@ def run_case(size_mb: float, chunk_bytes: int, receivers: int, transfers: int, i
     try:
         endpoint, sender_baseline, sender_model = expect(sender, "READY")
         readers = [spawn("--role", "receiver", "--endpoint", endpoint, "--site", f"site-{k}", "--size-mb", str(size_mb),
-                         "--transfers", str(transfers), "--in-flight", str(in_flight))
+                         "--transfers", str(transfers), "--in-flight", str(in_flight),
+                         "--chunk-bytes", str(chunk_bytes))
                    for k in range(1, receivers + 1)]  # fmt: skip
         children += readers
         for reader in readers:
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.role is not None:
         from engine.runtime.process import return_freed_memory_to_the_system
 
-        return_freed_memory_to_the_system()
+        return_freed_memory_to_the_system(args.chunk_bytes or 0)  # as a job with this chunk size
     if args.role == "sender":
         run_sender(args.size_mb, args.chunk_bytes, args.receivers, args.transfers)
         return 0

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import ComponentSpec, ConfigDocument, build_component
+from engine.config import ComponentSpec, ConfigDocument, Job, build_component
 from engine.fobs.tensor_pool import DEFAULT_IDLE_RELEASE_S, TENSOR_POOL
 from engine.model import Shareable
 from engine.streaming.codec import MessageCodec
 from engine.streaming.disk import DiskDownloads
+from engine.streaming.via_downloader import DEFAULT_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,25 @@ def streaming_settings(config: dict[str, Any]) -> dict[str, Any]:
 def configure_tensor_pool(config: dict[str, Any]) -> None:
     """Apply a validated config's ``tensor_pool_idle_release_s`` to this process's tensor pool."""
     TENSOR_POOL.configure(config.get("tensor_pool_idle_release_s", DEFAULT_IDLE_RELEASE_S))
+
+
+#: The config keys that set the size of streamed chunks.
+CHUNK_SIZE_KEYS = ("tensor_download_chunk_size", "np_download_chunk_size")
+
+
+def largest_chunk_bytes(job: Job) -> int:
+    """The largest chunk that any config of ``job`` streams, in bytes (0: everything inline).
+
+    Every config counts, not only a site's own: a process receives chunks of the size its
+    senders chose (a server those of every client app, a client those of the server and, in a
+    swarm, of other clients).
+    """
+    sizes = [0]
+    for app in job.apps.values():
+        for document in (app.server, app.client):
+            if document is not None:
+                sizes += [document.data.get(key, DEFAULT_CHUNK_BYTES) for key in CHUNK_SIZE_KEYS]
+    return max(sizes)
 
 
 #: Where downloads to disk go by default, under a side's workspace folder.

@@ -20,11 +20,13 @@ from pathlib import Path
 
 from engine.config import load_job
 from engine.fobs.tensor_pool import TENSOR_POOL
+from engine.runtime.assembly import largest_chunk_bytes
 from engine.runtime.client import ClientJob
 from engine.runtime.process import (
     EventWriter,
     exit_with_parent,
     log_to_file,
+    mmap_threshold_for,
     return_freed_memory_to_the_system,
     write_process_file,
 )
@@ -41,12 +43,15 @@ STOP_GRACE_S = 5.0
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one server or client process of a job; return its exit code."""
     args = _parser().parse_args(argv)
-    return_freed_memory_to_the_system()
     folder = Path(args.workspace) / args.site
     folder.mkdir(parents=True, exist_ok=True)
     log_to_file(folder, args.verbose)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the simulator decides; it sends SIGTERM
     job = load_job(args.job)
+    chunk_bytes = largest_chunk_bytes(job)
+    if return_freed_memory_to_the_system(chunk_bytes):
+        threshold = mmap_threshold_for(chunk_bytes)
+        log.debug("glibc mmap threshold %d bytes (largest chunk %d bytes)", threshold, chunk_bytes)
     if args.role == "server":
         return _run_server(job, folder, args)
     return _run_client(job, folder, args)

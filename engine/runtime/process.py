@@ -31,28 +31,49 @@ def peak_rss_bytes() -> int:
 
 #: Allocations of at least this many bytes get their own mapping, returned to the system on free.
 MMAP_THRESHOLD_BYTES = 4 << 20
+#: The highest mmap threshold glibc accepts on 64-bit systems (its DEFAULT_MMAP_THRESHOLD_MAX).
+MMAP_THRESHOLD_MAX_BYTES = 32 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
-def return_freed_memory_to_the_system() -> bool:
-    """Make glibc map every large allocation on its own (tensors, received chunks).
+def mmap_threshold_for(largest_chunk_bytes: int) -> int:
+    """The mmap threshold that keeps received chunks of up to ``largest_chunk_bytes`` off fresh mappings.
+
+    `MMAP_THRESHOLD_BYTES` for the default 2 MiB chunks; for larger chunks, the chunk plus 1 MiB
+    (room for ZeroMQ's message header), up to glibc's maximum.
+    """
+    wanted = max(MMAP_THRESHOLD_BYTES, largest_chunk_bytes + (1 << 20))
+    return min(wanted, MMAP_THRESHOLD_MAX_BYTES)
+
+
+def return_freed_memory_to_the_system(largest_chunk_bytes: int = 0) -> bool:
+    """Make glibc map every large allocation on its own (tensors), but not received chunks.
 
     By default glibc raises its mmap threshold as large blocks are freed, after which model-sized
     buffers come from per-thread arenas that keep freed memory: a server that aggregates in
     several handler threads then holds hundreds of MiB it no longer uses. A fixed threshold
-    gives each large buffer back when it is freed. It is 4 MiB, above the default 2 MiB chunk,
-    so the buffers that chunks are received into are reused rather than mapped and faulted in
-    afresh each time (that alone made a 1 GiB round about a third slower on a 2-core VM).
-    Returns False where there is no glibc.
+    gives each large buffer back when it is freed. It lies above the largest chunk the job
+    streams (`mmap_threshold_for`; 4 MiB for the default 2 MiB chunks), so the buffers that
+    chunks are received into are reused rather than mapped and faulted in afresh each time
+    (that alone made a 1 GiB round about a third slower on a 2-core VM, and 8 MiB chunks
+    arrived at a third of the speed of 2 MiB ones).
+
+    Args:
+        largest_chunk_bytes: The largest chunk size of the job (any side's
+            ``tensor_download_chunk_size`` or ``np_download_chunk_size``); 0 for the default.
+
+    Returns:
+        False where there is no glibc.
     """
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
+    threshold = mmap_threshold_for(largest_chunk_bytes)
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    fixed = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
-    fixed = mallopt(_M_TRIM_THRESHOLD, 4 * MMAP_THRESHOLD_BYTES) == 1 and fixed
+    fixed = mallopt(_M_MMAP_THRESHOLD, threshold) == 1
+    fixed = mallopt(_M_TRIM_THRESHOLD, 4 * threshold) == 1 and fixed
     return fixed
 
 
