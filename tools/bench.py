@@ -7,9 +7,12 @@ For each point of the matrix (workflow x model size x clients x download_to_disk
 it writes a job (BENCHMARK.md: BenchNet, client k adds ``k * 0.001``, weight ``k * 100``, R
 rounds) of FedAvg, or of Swarm learning (every client trains, the clients aggregate in turn,
 download_to_disk on the clients), runs it with ``flengine run`` and samples every 50 ms, from
-outside, each process of the run (the server, each site, with their children): RSS and PSS
-(``/proc/<pid>/smaps_rollup``), the peak of the tree's sum, and the bytes under the download
-folders of every site. From the workspace it takes the round times and states, and it checks
+outside, each process of the run (the server, each site, with their children): RSS
+(``/proc/<pid>/statm``), the peak of the tree's sum, and the bytes under the download folders
+of every site; PSS (``/proc/<pid>/smaps_rollup``) once a second, because reading it walks the
+whole address space (about 40 ms of CPU for a 2.4 GB process: at every sample it took half a
+core of this 2-vCPU machine from the job and stretched the interval to 110 ms). The sampler's
+own CPU time is in the record. From the workspace it takes the round times and states, and it checks
 every parameter of the final global model (the server's; Swarm: site-1's, a result client)
 against ``init + R * D`` (tolerance 1e-6). Prints a markdown table and writes JSON
 (``{"runs": [...]}``, one object per point) to ``--out``.
@@ -39,6 +42,10 @@ import benchnet  # noqa: E402
 
 JOB_CODE = Path(__file__).resolve().parent / "bench_job"
 SAMPLE_INTERVAL_S = 0.05
+#: PSS and the process tree cost far more to read than RSS; they are refreshed less often.
+PSS_INTERVAL_S = 1.0
+TREE_INTERVAL_S = 0.5
+PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
 MIB = 2**20
 
 
@@ -68,6 +75,7 @@ class Peaks:
     tree_rss_mb: float = 0.0
     download_dir_mb: float = 0.0
     samples: int = 0
+    sampler_cpu_s: float = 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,6 +133,7 @@ def run_point(point: Point, keep: bool = False) -> dict[str, Any]:
             "download_dir_peak_mb": round(peaks.download_dir_mb, 1),
             "self_reported_peak_rss_mb": {s: p.get("peak_rss_mb") for s, p in summary["processes"].items()},
             "samples": peaks.samples,
+            "sampler_cpu_s": round(peaks.sampler_cpu_s, 2),
             "correct": correct,
             "max_abs_error": worst,
             "output_tail": output.splitlines()[-3:] if summary["status"] != "FINISHED_COMPLETED" else [],
@@ -205,25 +214,35 @@ def check_model(path: Path, point: Point) -> tuple[bool, float]:
 
 
 def _sample(root_pid: int, workspace: Path, peaks: Peaks) -> None:
-    """Sample the process tree under ``root_pid`` every 50 ms until it is gone."""
+    """Sample the process tree under ``root_pid`` every 50 ms until it is gone (PSS every second)."""
+    cpu_started = time.thread_time()
+    sites_of: dict[int, str] = {}
+    next_tree_s = next_pss_s = 0.0
     while _exists(root_pid):
-        tree = _tree(root_pid)
-        sites: dict[str, tuple[float, float]] = {}
-        for pid in tree:
-            site = _site_of(pid, tree)
-            if site is None:
-                continue
-            rss, pss = _memory_mb(pid)
-            old_rss, old_pss = sites.get(site, (0.0, 0.0))
-            sites[site] = (old_rss + rss, old_pss + pss)
-        for site, (rss, pss) in sites.items():
+        started = time.monotonic()
+        if started >= next_tree_s:
+            tree = _tree(root_pid)
+            sites_of = {pid: site for pid in tree if (site := _site_of(pid, tree)) is not None}
+            next_tree_s = started + TREE_INTERVAL_S
+        with_pss = started >= next_pss_s
+        if with_pss:
+            next_pss_s = started + PSS_INTERVAL_S
+        rss_sums: dict[str, float] = {}
+        pss_sums: dict[str, float] = {}
+        for pid, site in sites_of.items():
+            rss_sums[site] = rss_sums.get(site, 0.0) + _rss_mb(pid)
+            if with_pss:
+                pss_sums[site] = pss_sums.get(site, 0.0) + _pss_mb(pid)
+        for site, rss in rss_sums.items():
             peaks.rss_mb[site] = max(peaks.rss_mb.get(site, 0.0), rss)
+        for site, pss in pss_sums.items():
             peaks.pss_mb[site] = max(peaks.pss_mb.get(site, 0.0), pss)
-        peaks.tree_rss_mb = max(peaks.tree_rss_mb, sum(rss for rss, _ in sites.values()))
+        peaks.tree_rss_mb = max(peaks.tree_rss_mb, sum(rss_sums.values()))
         on_disk = sum(_folder_mb(folder) for folder in workspace.glob("*/downloads"))
         peaks.download_dir_mb = max(peaks.download_dir_mb, on_disk)
         peaks.samples += 1
-        time.sleep(SAMPLE_INTERVAL_S)
+        time.sleep(max(0.0, started + SAMPLE_INTERVAL_S - time.monotonic()))
+    peaks.sampler_cpu_s = time.thread_time() - cpu_started
 
 
 def _tree(root_pid: int) -> dict[int, tuple[int, str]]:
@@ -258,18 +277,23 @@ def _site_of(pid: int, tree: dict[int, tuple[int, str]]) -> str | None:
     return None
 
 
-def _memory_mb(pid: int) -> tuple[float, float]:
-    """RSS and PSS of ``pid`` in MiB (0 when it is gone)."""
-    rss = pss = 0
+def _rss_mb(pid: int) -> float:
+    """RSS of ``pid`` in MiB (0 when it is gone): cheap, from ``statm``."""
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_MB
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _pss_mb(pid: int) -> float:
+    """PSS of ``pid`` in MiB (0 when it is gone): costly, it walks the whole address space."""
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Rss:"):
-                rss = int(line.split()[1])
-            elif line.startswith("Pss:"):
-                pss = int(line.split()[1])
-    except OSError:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, IndexError, ValueError):
         pass
-    return rss / 1024, pss / 1024
+    return 0.0
 
 
 def _folder_mb(folder: Path) -> float:
