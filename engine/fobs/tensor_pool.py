@@ -95,11 +95,16 @@ class TensorPool:
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialized contiguous CPU tensor of ``shape`` and ``dtype``."""
+        return self.take(shape, dtype)[0]
+
+    def take(self, shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+        """Like `empty`, and whether the tensor's memory is new (not yet faulted in) or reused."""
         nbytes = math.prod(shape) * dtype.itemsize
         if not self.enabled or nbytes < self.min_bytes:
-            return torch.empty(shape, dtype=dtype)
+            return torch.empty(shape, dtype=dtype), True
         with self._lock:
             storage = self._take(nbytes)
+            fresh = storage is None
             if storage is None:
                 storage = torch.UntypedStorage(nbytes)
                 self._slots.setdefault(nbytes, []).append(_Slot(storage, idle_since=None))
@@ -108,7 +113,7 @@ class TensorPool:
             else:
                 self.reused_bytes += nbytes
             # Made under the lock: from here on the tensor marks the storage as in use.
-            return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
+            return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape)), fresh
 
     def _take(self, nbytes: int) -> torch.UntypedStorage | None:
         slots = self._slots.get(nbytes, [])
@@ -188,3 +193,8 @@ TENSOR_POOL = TensorPool()
 def pooled_empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype)`` on the CPU, from the process's `TENSOR_POOL`."""
     return TENSOR_POOL.empty(shape, dtype)
+
+
+def pooled_take(shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+    """`pooled_empty`, and whether the memory is new (see `TensorPool.take`)."""
+    return TENSOR_POOL.take(shape, dtype)

@@ -21,7 +21,8 @@ import torch
 from engine.errors import StreamingError
 from engine.fobs.arrays import byte_view, copy_bytes
 from engine.fobs.dtypes import torch_dtype
-from engine.fobs.tensor_pool import pooled_empty
+from engine.fobs.page_populator import populate_in_background
+from engine.fobs.tensor_pool import pooled_take
 from engine.streaming.layout import StreamLayout
 
 
@@ -113,16 +114,18 @@ class MemoryConsumer(StreamConsumer):
     """Builds a dict of CPU tensors, each allocated once and filled in place as chunks land.
 
     The tensors come from `engine.fobs.tensor_pool`: a download reuses the memory of an earlier
-    one that is no longer in use.
+    one that is no longer in use. New memory is faulted in on a background thread, in the order
+    the chunks will fill it (`engine.fobs.page_populator`), instead of page by page as they land.
     """
 
     places_on_io_thread = True
 
     def __init__(self, layout: StreamLayout, chunk_bytes: int) -> None:
         super().__init__(layout, chunk_bytes)
-        self._tensors: dict[str, torch.Tensor] | None = {
-            entry.name: pooled_empty(entry.shape, torch_dtype(entry.dtype)) for entry in layout.entries
-        }
+        taken = {entry.name: pooled_take(entry.shape, torch_dtype(entry.dtype)) for entry in layout.entries}
+        self._tensors: dict[str, torch.Tensor] | None = {name: tensor for name, (tensor, _) in taken.items()}
+        populate_in_background(tensor for tensor, fresh in taken.values() if fresh)
+        del taken
         self._targets = [byte_view(self._tensors[entry.name]) for entry in layout.entries]
         self._ends = [entry.end for entry in layout.entries]
 

@@ -11,6 +11,7 @@ import torch
 
 from engine.errors import StreamingError
 from engine.fobs.arrays import tensor_bytes
+from engine.fobs.page_populator import PAGE_POPULATOR
 from engine.streaming.consumers import DiskConsumer, MemoryConsumer
 from engine.streaming.layout import StreamLayout
 
@@ -126,6 +127,7 @@ def test_a_second_download_lands_in_the_memory_of_a_dropped_first_one() -> None:
     address = first["weight"].data_ptr()
     kept = download()  # the first is still held: new memory
     assert kept["weight"].data_ptr() != address
+    assert PAGE_POPULATOR.wait_idle()  # it holds a new tensor for as long as it maps its pages
     del first
 
     second = download()

@@ -1,0 +1,87 @@
+"""The page populator maps new tensor memory in the background and never changes what it holds."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+from engine.fobs.page_populator import MIN_BYTES, PAGE_POPULATOR, PagePopulator
+from engine.fobs.tensor_pool import TENSOR_POOL
+from engine.streaming.consumers import MemoryConsumer
+from engine.streaming.layout import StreamLayout
+
+MIB = 1 << 20
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * PAGE / MIB
+
+
+@pytest.fixture
+def populator() -> PagePopulator:
+    populator = PagePopulator()
+    if not populator.enabled:
+        pytest.skip("no madvise(MADV_POPULATE_WRITE) here (Linux 5.14 and later)")
+    return populator
+
+
+def test_new_memory_becomes_resident_without_being_written(populator: PagePopulator) -> None:
+    tensor = torch.empty(64 * MIB, dtype=torch.uint8)  # above glibc's mmap threshold: untouched pages
+    before = resident_mib()
+
+    populator.submit([tensor])
+    assert populator.wait_idle()
+
+    assert populator.populated_bytes == tensor.nbytes
+    assert resident_mib() - before > 60
+
+
+def test_what_the_filling_thread_writes_meanwhile_is_kept(populator: PagePopulator) -> None:
+    tensor = torch.empty(96 * MIB, dtype=torch.uint8)
+    pattern = torch.arange(MIB, dtype=torch.int64).remainder(251).to(torch.uint8)
+    tensor[: 32 * MIB].copy_(pattern.repeat(32))  # written before
+
+    populator.submit([tensor])
+    writer = threading.Thread(target=lambda: tensor[32 * MIB :].copy_(pattern.repeat(64)))  # and while
+    writer.start()
+    writer.join()
+    assert populator.wait_idle()
+
+    assert torch.equal(tensor, pattern.repeat(96))
+
+
+def test_small_non_contiguous_and_dropped_tensors_are_left_alone(populator: PagePopulator) -> None:
+    small = torch.empty(MIN_BYTES // 2, dtype=torch.uint8)
+    strided = torch.empty(8 * MIB, dtype=torch.uint8)[::2]
+
+    populator.submit([small, strided])
+    populator.submit(torch.empty(8 * MIB, dtype=torch.uint8) for _ in range(1))  # gone before its turn
+    assert populator.wait_idle()
+
+    assert populator.populated_bytes == 0
+
+
+def test_a_download_into_new_memory_is_populated_and_one_into_reused_memory_is_not() -> None:
+    if not PAGE_POPULATOR.enabled:
+        pytest.skip("no madvise(MADV_POPULATE_WRITE) here (Linux 5.14 and later)")
+    tensors = {"weight": torch.randn(1024, 1024), "bias": torch.randn(16)}
+    layout = StreamLayout.of_tensors(tensors)
+    TENSOR_POOL.clear()  # no memory of earlier tests to reuse
+    start = PAGE_POPULATOR.populated_bytes
+
+    first = MemoryConsumer(StreamLayout.parse(layout.header), MIB)
+    assert PAGE_POPULATOR.wait_idle()
+    populated = PAGE_POPULATOR.populated_bytes - start
+    first.abort()
+    del first
+    again = MemoryConsumer(StreamLayout.parse(layout.header), MIB)  # the weight's memory, reused
+    assert PAGE_POPULATOR.wait_idle()
+
+    assert populated == 4 * MIB  # the weight; the 64-byte bias is too small to matter
+    assert PAGE_POPULATOR.populated_bytes - start == populated
+    again.abort()
