@@ -7,7 +7,7 @@ daemon thread that asks the kernel to map their pages (``madvise(MADV_POPULATE_W
 5.14 and later) in the order they will be filled, so the faults run beside the transfer.
 
 It never writes the memory: a page already written by the filling thread is left as it is, and
-a tensor nothing else holds any more (its download failed or finished first) is skipped. Where
+a tensor nothing else holds any more (its download failed before its turn) is skipped. Where
 the kernel lacks the call, or off Linux, it does nothing.
 """
 
@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import errno
 import logging
+import mmap
 import queue
 import sys
 import threading
@@ -28,7 +29,6 @@ import torch
 logger = logging.getLogger(__name__)
 
 _MADV_POPULATE_WRITE = 23
-_PAGE_BYTES = 4096
 #: Smaller tensors are left alone: glibc serves them from memory it already has, mostly.
 MIN_BYTES = 1 << 20
 
@@ -98,7 +98,7 @@ class PagePopulator:
 
     def _populate(self, tensor: torch.Tensor) -> None:
         address, nbytes = tensor.data_ptr(), tensor.nbytes
-        start = address - address % _PAGE_BYTES
+        start = address - address % mmap.PAGESIZE
         assert self._madvise is not None
         if self._madvise(start, address + nbytes - start, _MADV_POPULATE_WRITE) == 0:
             self.populated_bytes += nbytes
