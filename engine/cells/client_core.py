@@ -1,7 +1,9 @@
 """Protocol logic of a client cell: registering with the server and watching the link.
 
 A client sends HELLO as soon as a connection completes its handshake and then every
-``heartbeat_interval_s``; the server answers each with HELLO_ACK. The link counts as up from
+``heartbeat_interval_s`` while that connection lasts (none while there is no connection: they
+would queue in the socket and reach the server in a burst); the server answers each with
+HELLO_ACK. The link counts as up from
 the first ok HELLO_ACK until the connection drops, the server says BYE, or nothing arrives from
 the server for ``heartbeat_timeout_s``. While it is down, requests fail at once as unreachable
 (the core refuses them, so nothing queues for a server that is not there), and the requests in
@@ -41,11 +43,18 @@ class ClientCore(CellCore):
         self._next_hello_s = 0.0
         self._last_server_s = 0.0
         self._server_fqcn = ""
+        self._connection_open = False
 
     def on_link_up(self, now_s: float) -> list[Action]:
         """A connection to the server completed its handshake: say hello at once."""
+        self._connection_open = True
         self._next_hello_s = now_s + self._settings.heartbeat_interval_s
         return [self._hello()]
+
+    def on_disconnected(self, reason: str, now_s: float) -> list[Action]:
+        """The connection itself closed: no hellos until the next one completes its handshake."""
+        self._connection_open = False
+        return self.on_link_down(reason, now_s)
 
     def on_link_down(self, reason: str, now_s: float) -> list[Action]:
         """The connection to the server is gone: fail every request waiting on it."""
@@ -99,7 +108,7 @@ class ClientCore(CellCore):
         timeout_s = self._settings.heartbeat_timeout_s
         if self.connected.is_set() and now_s - self._last_server_s > timeout_s:
             actions += self.on_link_down(f"{self.fqcn}: no message from the server for {timeout_s:g} s", now_s)
-        if now_s >= self._next_hello_s:
+        if self._connection_open and now_s >= self._next_hello_s:
             self._next_hello_s = now_s + self._settings.heartbeat_interval_s
             actions.append(self._hello())
         return actions

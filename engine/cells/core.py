@@ -185,8 +185,12 @@ class CellCore(abc.ABC):
         return []
 
     def on_link_down(self, reason: str, now_s: float) -> list[Action]:
-        """The connection to the server dropped (client cells only)."""
+        """The link to the server is down: it said bye or went silent (client cells only)."""
         return []
+
+    def on_disconnected(self, reason: str, now_s: float) -> list[Action]:
+        """The connection to the server closed (client cells only); the link is down too."""
+        return self.on_link_down(reason, now_s)
 
     def on_tick(self, now_s: float) -> list[Action]:
         """Run timers: request deadlines every call, role sweeps every tick period."""

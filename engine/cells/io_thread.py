@@ -245,7 +245,7 @@ class IoThread:
                     "lost (server stopped or died, or it refused a frame above its "
                     "max_message_size_bytes)"
                 )
-                self._guarded(self._core.on_link_down, reason, now_s)
+                self._guarded(self._core.on_disconnected, reason, now_s)
 
     def _guarded(self, event: Callable[..., list[Action]], *args: Any) -> None:
         """Run a core event handler and its actions; nothing escapes into the loop."""

@@ -252,6 +252,32 @@ def test_client_notices_a_silent_server(wire: Wire) -> None:
     assert not client.link_up
 
 
+def _hellos(actions: Sequence[Action]) -> list[Send]:
+    return [a for a in actions if isinstance(a, Send) and a.envelope.kind is Kind.HELLO]
+
+
+def test_client_says_hello_only_while_a_connection_is_open() -> None:
+    client = _core(ClientCore, "site-1")
+
+    assert _hellos(client.on_tick(0.0)) == _hellos(client.on_tick(5.0)) == []  # nothing would take them
+    assert len(_hellos(client.on_link_up(6.0))) == 1
+    assert _hellos(client.on_tick(6.5)) == []
+    assert len(_hellos(client.on_tick(7.0))) == 1  # every heartbeat interval while connected
+    client.on_disconnected("connection closed", 7.5)
+    assert _hellos(client.on_tick(9.0)) == _hellos(client.on_tick(20.0)) == []
+    assert len(_hellos(client.on_link_up(21.0))) == 1
+
+
+def test_client_keeps_saying_hello_to_a_silent_server_on_an_open_connection(wire: Wire) -> None:
+    client = wire.connect("site-1", b"r1")
+    wire.cut = True
+
+    client.on_tick(3.5)  # silent past the timeout: the link is down, the connection is not
+    assert not client.link_up
+
+    assert len(_hellos(client.on_tick(5.0))) == 1
+
+
 def test_close_says_bye_and_fails_pending(wire: Wire) -> None:
     client = wire.connect("site-1", b"r1")
     future = wire.request(wire.server, "site-1")
