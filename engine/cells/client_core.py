@@ -3,11 +3,11 @@
 A client sends HELLO as soon as a connection completes its handshake and then every
 ``heartbeat_interval_s`` while that connection lasts (none while there is no connection: they
 would queue in the socket and reach the server in a burst); the server answers each with
-HELLO_ACK. The link counts as up from
-the first ok HELLO_ACK until the connection drops, the server says BYE, or nothing arrives from
-the server for ``heartbeat_timeout_s``. While it is down, requests fail at once as unreachable
-(the core refuses them, so nothing queues for a server that is not there), and the requests in
-flight fail as soon as it goes down, after whatever the server sent before it went is taken.
+HELLO_ACK. The link counts as up from the first ok HELLO_ACK until the connection drops, the
+server says BYE, or nothing arrives from the server for ``heartbeat_timeout_s``. While it is
+down, requests fail at once as unreachable (the core refuses them, so nothing queues for a
+server that is not there), and the requests in flight fail as soon as it goes down, after
+whatever the server sent before it went is taken.
 """
 
 from __future__ import annotations
