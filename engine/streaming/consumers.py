@@ -122,10 +122,14 @@ class MemoryConsumer(StreamConsumer):
 
     def __init__(self, layout: StreamLayout, chunk_bytes: int) -> None:
         super().__init__(layout, chunk_bytes)
-        taken = {entry.name: pooled_take(entry.shape, torch_dtype(entry.dtype)) for entry in layout.entries}
-        self._tensors: dict[str, torch.Tensor] | None = {name: tensor for name, (tensor, _) in taken.items()}
-        populate_in_background(tensor for tensor, fresh in taken.values() if fresh)
-        del taken
+        self._tensors: dict[str, torch.Tensor] | None = {}
+        new_memory = []
+        for entry in layout.entries:
+            tensor, fresh = pooled_take(entry.shape, torch_dtype(entry.dtype))
+            self._tensors[entry.name] = tensor
+            if fresh:
+                new_memory.append(tensor)
+        populate_in_background(new_memory)
         self._targets = [byte_view(self._tensors[entry.name]) for entry in layout.entries]
         self._ends = [entry.end for entry in layout.entries]
 
