@@ -1,10 +1,14 @@
-"""Faulting in fresh tensor memory on a background thread, ahead of the thread that fills it.
+"""Faulting in fresh tensor memory on background threads, ahead of the thread that fills it.
 
 A download into new memory (the first one of a process) pays a page fault for every 4 KiB it
 writes, on the thread that places the chunks; on a 2-vCPU VM that was most of a cold 1 GiB
-transfer, while the other core waited. `populate_in_background` hands the tensors to one
-daemon thread that asks the kernel to map their pages (``madvise(MADV_POPULATE_WRITE)``, Linux
-5.14 and later) in the order they will be filled, so the faults run beside the transfer.
+transfer, while the other core waited. `populate_in_background` hands the tensors to two
+daemon threads that ask the kernel to map their pages (``madvise(MADV_POPULATE_WRITE)``, Linux
+5.14 and later) in the order they will be filled, so the faults run beside the transfer. Before
+that, on the caller's thread, it asks for transparent huge pages over the whole 2 MiB pages of
+each large tensor (``MADV_HUGEPAGE``): one fault maps 2 MiB instead of 4 KiB, so a fresh
+process's first download faults 512 times less often; where the kernel has huge pages off, the
+advice changes nothing.
 
 It never writes the memory: a page already written by the filling thread is left as it is, and
 a tensor nothing else holds any more (its download failed before its turn) is skipped. Where
@@ -18,6 +22,7 @@ import ctypes.util
 import errno
 import logging
 import mmap
+import os
 import queue
 import sys
 import threading
@@ -28,9 +33,11 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+_MADV_HUGEPAGE = 14
 _MADV_POPULATE_WRITE = 23
 #: Smaller tensors are left alone: glibc serves them from memory it already has, mostly.
 MIN_BYTES = 1 << 20
+_HUGE_PAGE_SIZE_FILE = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
 
 
 def _load_madvise() -> Callable[[int, int, int], int] | None:
@@ -45,77 +52,102 @@ def _load_madvise() -> Callable[[int, int, int], int] | None:
     return madvise
 
 
-class PagePopulator:
-    """One daemon thread that faults in the pages of the tensors it is given, oldest first.
+def _huge_page_bytes() -> int | None:
+    """The size of a transparent huge page here, or None where the kernel has none."""
+    try:
+        with open(_HUGE_PAGE_SIZE_FILE) as size_file:
+            return int(size_file.read())
+    except (OSError, ValueError):
+        return None
 
-    Thread-safe. Disables itself for good the first time the kernel refuses the call
-    (``EINVAL``: a kernel before 5.14).
+
+class PagePopulator:
+    """Daemon threads that fault in the pages of the tensors they are given, oldest first.
+
+    `submit` advises huge pages for the tensors at once, on the caller's thread; the threads then
+    take the tensors one at a time in the order given, so with two threads the second tensor is
+    faulted in beside the first (a VM's host maps memory for each vCPU in parallel: two threads
+    faulted in 1 GiB in half the time of one). Thread-safe. Disables itself for good the first
+    time the kernel refuses the call (``EINVAL``: a kernel before 5.14).
+
+    Args:
+        threads: How many threads fault in memory (default: two, one where there is one CPU).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int | None = None) -> None:
         self._madvise = _load_madvise()
         self.enabled = self._madvise is not None
-        self._queue: queue.SimpleQueue[list[weakref.ref[torch.Tensor] | _Marker]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._thread_count = threads or min(2, os.cpu_count() or 1)
+        self._queue: queue.SimpleQueue[weakref.ref[torch.Tensor]] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._state = threading.Condition()  # guards the threads, the counts and the figures
+        self._pending = 0
+        self._huge_page_bytes = _huge_page_bytes() if self.enabled else None
         #: Bytes whose pages this populator asked the kernel to map (a figure for tests and logs).
         self.populated_bytes = 0
+        #: Bytes it asked to be mapped with huge pages.
+        self.huge_advised_bytes = 0
 
     def submit(self, tensors: Iterable[torch.Tensor]) -> None:
         """Queue contiguous CPU ``tensors`` to be faulted in, in the order given."""
+        accepted = [t for t in tensors if t.device.type == "cpu" and t.is_contiguous() and t.nbytes >= MIN_BYTES]
+        if not accepted or not self.enabled:
+            return
+        # Before anything is written: pages written already stay small.
+        advised = sum(self._advise_huge_pages(t) for t in accepted) if self._huge_page_bytes else 0
+        with self._state:
+            self.huge_advised_bytes += advised
+            self._pending += len(accepted)
+            while len(self._threads) < self._thread_count:
+                name = f"flengine-page-populator-{len(self._threads) + 1}"
+                self._threads.append(threading.Thread(target=self._run, name=name, daemon=True))
+                self._threads[-1].start()
         # Weak references: a tensor dropped before its turn (a failed download) is skipped, and
         # the populator never keeps memory alive, nor from being reused, beyond one madvise.
-        batch: list[weakref.ref[torch.Tensor] | _Marker] = [
-            weakref.ref(t) for t in tensors if t.device.type == "cpu" and t.is_contiguous() and t.nbytes >= MIN_BYTES
-        ]
-        if not batch or not self.enabled:
-            return
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="flengine-page-populator", daemon=True)
-                self._thread.start()
-        self._queue.put(batch)
+        for tensor in accepted:
+            self._queue.put(weakref.ref(tensor))
 
     def wait_idle(self, timeout_s: float = 10.0) -> bool:
         """Block until everything queued so far was handled (for tests); False on timeout."""
-        if self._thread is None:
-            return True
-        done = threading.Event()
-        self._queue.put([_Marker(done)])
-        return done.wait(timeout_s)
+        with self._state:
+            return self._state.wait_for(lambda: self._pending == 0, timeout_s)
 
     def _run(self) -> None:
         while True:
-            batch = self._queue.get()
-            for item in batch:
-                if isinstance(item, _Marker):
-                    item.done.set()
-                    continue
-                tensor = item() if self.enabled else None
-                if tensor is not None:
-                    self._populate(tensor)
-                del tensor
+            reference = self._queue.get()
+            tensor = reference() if self.enabled else None
+            populated = self._populate(tensor) if tensor is not None else 0
+            del tensor
+            with self._state:
+                self.populated_bytes += populated
+                self._pending -= 1
+                if not self._pending:
+                    self._state.notify_all()
 
-    def _populate(self, tensor: torch.Tensor) -> None:
+    def _advise_huge_pages(self, tensor: torch.Tensor) -> int:
+        """Ask for huge pages over the tensor; the bytes advised."""
+        # Only the huge pages wholly inside the tensor: the memory around it may be someone else's.
+        huge = self._huge_page_bytes
+        assert huge and self._madvise is not None
+        address = tensor.data_ptr()
+        start = -(-address // huge) * huge
+        length = (address + tensor.nbytes - start) // huge * huge
+        return length if length > 0 and self._madvise(start, length, _MADV_HUGEPAGE) == 0 else 0
+
+    def _populate(self, tensor: torch.Tensor) -> int:
+        """Fault in the tensor's pages; the bytes populated."""
         address, nbytes = tensor.data_ptr(), tensor.nbytes
         start = address - address % mmap.PAGESIZE
         assert self._madvise is not None
         if self._madvise(start, address + nbytes - start, _MADV_POPULATE_WRITE) == 0:
-            self.populated_bytes += nbytes
-            return
+            return nbytes
         code = ctypes.get_errno()
         if code == errno.EINVAL:  # the kernel has no MADV_POPULATE_WRITE
             self.enabled = False
             logger.debug("page populator off: this kernel does not support MADV_POPULATE_WRITE")
         else:  # the memory is still there and fine; it will fault in when written
             logger.debug("page populator: madvise failed: %s", errno.errorcode.get(code, code))
-
-
-class _Marker:
-    """Queued by `PagePopulator.wait_idle`: set once everything before it was handled."""
-
-    def __init__(self, done: threading.Event) -> None:
-        self.done = done
+        return 0
 
 
 #: The process's populator, fed by downloads into fresh memory.
@@ -123,5 +155,5 @@ PAGE_POPULATOR = PagePopulator()
 
 
 def populate_in_background(tensors: Iterable[torch.Tensor]) -> None:
-    """Fault in the memory of ``tensors`` on the process's populator thread, in order."""
+    """Fault in the memory of ``tensors`` on the process's populator threads, in order."""
     PAGE_POPULATOR.submit(tensors)

@@ -22,6 +22,25 @@ def resident_mib() -> float:
         return int(statm.read().split()[1]) * PAGE / MIB
 
 
+def huge_page_mib() -> float:
+    """The process's anonymous memory mapped with transparent huge pages."""
+    with open("/proc/self/smaps_rollup") as rollup:
+        line = next(line for line in rollup if line.startswith("AnonHugePages:"))
+    return int(line.split()[1]) / 1024
+
+
+def populator_thread_count() -> int:
+    return sum(thread.name.startswith("flengine-page-populator") for thread in threading.enumerate())
+
+
+def transparent_huge_pages_on() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as setting:
+            return "[never]" not in setting.read()
+    except OSError:
+        return False
+
+
 @pytest.fixture
 def populator() -> PagePopulator:
     populator = PagePopulator()
@@ -53,6 +72,36 @@ def test_what_the_filling_thread_writes_meanwhile_is_kept(populator: PagePopulat
     assert populator.wait_idle()
 
     assert torch.equal(tensor, pattern.repeat(96))
+
+
+def test_large_new_memory_is_mapped_with_huge_pages(populator: PagePopulator) -> None:
+    if not transparent_huge_pages_on():
+        pytest.skip("transparent huge pages are off here")
+    huge = 2 * MIB
+    tensor = torch.empty(64 * MIB, dtype=torch.uint8)
+    before = huge_page_mib()
+
+    populator.submit([tensor])
+    assert populator.wait_idle()
+
+    # Whole huge pages inside the tensor only: at most one lost at each end.
+    assert populator.huge_advised_bytes % huge == 0
+    assert tensor.nbytes - 2 * huge <= populator.huge_advised_bytes <= tensor.nbytes
+    assert huge_page_mib() - before >= 32  # the kernel may refuse a few; most are huge
+
+
+def test_two_threads_fault_in_a_whole_model(populator: PagePopulator) -> None:
+    two = PagePopulator(threads=2)
+    layers = [torch.empty(16 * MIB, dtype=torch.uint8) for _ in range(8)]
+    before = resident_mib()
+    threads_before = populator_thread_count()
+
+    two.submit(layers)
+    assert two.wait_idle()
+
+    assert two.populated_bytes == 8 * 16 * MIB
+    assert resident_mib() - before > 120
+    assert populator_thread_count() - threads_before == 2
 
 
 def test_small_non_contiguous_and_dropped_tensors_are_left_alone(populator: PagePopulator) -> None:
