@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 
@@ -15,18 +16,30 @@ from engine.streaming.layout import StreamLayout
 
 MIB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
-def resident_mib() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * PAGE / MIB
+def resident_fraction(tensor: torch.Tensor) -> float:
+    """The share of the tensor's pages that are in memory (``mincore``), whatever other threads do."""
+    start = tensor.data_ptr() - tensor.data_ptr() % PAGE
+    pages = -(-(tensor.data_ptr() + tensor.nbytes - start) // PAGE)
+    vector = (ctypes.c_ubyte * pages)()
+    if LIBC.mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * PAGE), vector) != 0:
+        raise OSError(ctypes.get_errno(), "mincore failed")
+    return sum(byte & 1 for byte in vector) / pages
 
 
-def huge_page_mib() -> float:
-    """The process's anonymous memory mapped with transparent huge pages."""
-    with open("/proc/self/smaps_rollup") as rollup:
-        line = next(line for line in rollup if line.startswith("AnonHugePages:"))
-    return int(line.split()[1]) / 1024
+def huge_page_mib(tensor: torch.Tensor) -> float:
+    """The memory of the mappings that hold ``tensor`` mapped with transparent huge pages."""
+    begin, end, total_kib, inside = tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes, 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            if "-" in line.split(" ", 1)[0]:  # a mapping's first line: its address range
+                low, high = (int(bound, 16) for bound in line.split(" ", 1)[0].split("-"))
+                inside = low < end and high > begin
+            elif inside and line.startswith("AnonHugePages:"):
+                total_kib += int(line.split()[1])
+    return total_kib / 1024
 
 
 def populator_thread_count() -> int:
@@ -51,13 +64,13 @@ def populator() -> PagePopulator:
 
 def test_new_memory_becomes_resident_without_being_written(populator: PagePopulator) -> None:
     tensor = torch.empty(64 * MIB, dtype=torch.uint8)  # above glibc's mmap threshold: untouched pages
-    before = resident_mib()
+    assert resident_fraction(tensor) < 0.1
 
     populator.submit([tensor])
     assert populator.wait_idle()
 
     assert populator.populated_bytes == tensor.nbytes
-    assert resident_mib() - before > 60
+    assert resident_fraction(tensor) == 1.0
 
 
 def test_what_the_filling_thread_writes_meanwhile_is_kept(populator: PagePopulator) -> None:
@@ -79,7 +92,7 @@ def test_large_new_memory_is_mapped_with_huge_pages(populator: PagePopulator) ->
         pytest.skip("transparent huge pages are off here")
     huge = 2 * MIB
     tensor = torch.empty(64 * MIB, dtype=torch.uint8)
-    before = huge_page_mib()
+    assert huge_page_mib(tensor) == 0
 
     populator.submit([tensor])
     assert populator.wait_idle()
@@ -87,20 +100,19 @@ def test_large_new_memory_is_mapped_with_huge_pages(populator: PagePopulator) ->
     # Whole huge pages inside the tensor only: at most one lost at each end.
     assert populator.huge_advised_bytes % huge == 0
     assert tensor.nbytes - 2 * huge <= populator.huge_advised_bytes <= tensor.nbytes
-    assert huge_page_mib() - before >= 32  # the kernel may refuse a few; most are huge
+    assert huge_page_mib(tensor) >= 32  # the kernel may refuse a few; most are huge
 
 
 def test_two_threads_fault_in_a_whole_model(populator: PagePopulator) -> None:
     two = PagePopulator(threads=2)
     layers = [torch.empty(16 * MIB, dtype=torch.uint8) for _ in range(8)]
-    before = resident_mib()
     threads_before = populator_thread_count()
 
     two.submit(layers)
     assert two.wait_idle()
 
     assert two.populated_bytes == 8 * 16 * MIB
-    assert resident_mib() - before > 120
+    assert all(resident_fraction(layer) == 1.0 for layer in layers)
     assert populator_thread_count() - threads_before == 2
 
 
