@@ -9,9 +9,12 @@ global model of successive FL rounds. Each receiver process pulls it, rebuilds t
 checks every tensor against BenchNet (regenerated one layer at a time) and drops it before the
 next transfer. The first transfer of a process is "cold" (its memory is faulted in fresh); the
 later ones are "warm" (the tensor pool hands out the memory of the dropped ones), as in rounds
-2 and on of a job. Every process sets glibc's allocator as flengine's job processes do. Peak RSS
-is the kernel's high-water mark (VmHWM) of each process; ``baseline`` is a process's RSS after
-its imports, before any tensor exists. Prints a table and writes JSON:
+2 and on of a job; for a cold one, the receiver also reports the seconds its page populator's
+threads spent faulting in the new memory (``cold_fault_in_seconds``, summed over the threads),
+what this machine charges for memory a process has not had before. Every process sets glibc's
+allocator as flengine's job processes do. Peak RSS is the kernel's high-water mark (VmHWM) of
+each process; ``baseline`` is a process's RSS after its imports, before any tensor exists.
+Prints a table and writes JSON:
 ``{"model_mb": N, "runs": [{"chunk_bytes", "receivers", "throughput_gib_s",
 "warm_throughput_gib_s", "sender_peak_rss_mb", "receiver_peak_rss_mb", ...}, ...]}``.
 """
@@ -81,6 +84,7 @@ def run_sender(size_mb: float, chunk_bytes: int, receivers: int, transfers: int)
 def run_receiver(endpoint: str, site: str, size_mb: float, transfers: int, in_flight: int) -> None:
     from engine import fobs
     from engine.cells import Cell, CellSettings
+    from engine.fobs.page_populator import PAGE_POPULATOR
     from engine.streaming.via_downloader import STREAMING_PROP, StreamingContext
 
     registry = streaming_registry()
@@ -90,6 +94,7 @@ def run_receiver(endpoint: str, site: str, size_mb: float, transfers: int, in_fl
     print("CONNECTED", flush=True)
     for transfer in range(transfers):
         sys.stdin.readline()  # GO
+        populating_before = PAGE_POPULATOR.populate_seconds
         start = time.perf_counter()
         reply = cell.request("server", "bench", f"get-{transfer}", timeout_s=TIMEOUT_S)
         streaming = StreamingContext(cell, per_request_timeout_s=TIMEOUT_S, max_in_flight=in_flight)
@@ -97,10 +102,12 @@ def run_receiver(endpoint: str, site: str, size_mb: float, transfers: int, in_fl
         tensors = fobs.deserialize(reply.frames[0], reply.frames[1:], context, registry)
         del reply  # inline frames are no longer needed once the tensors are rebuilt
         seconds = time.perf_counter() - start
+        PAGE_POPULATOR.wait_idle()  # a last madvise may still walk pages the transfer wrote
+        populating = PAGE_POPULATOR.populate_seconds - populating_before
         peak = rss_mb("VmHWM")
         wrong = benchnet.mismatches(tensors, size_mb)
         del tensors
-        print(f"RESULT {seconds:.4f} {baseline:.1f} {peak:.1f} {len(wrong)}", flush=True)
+        print(f"RESULT {seconds:.4f} {baseline:.1f} {peak:.1f} {len(wrong)} {populating:.4f}", flush=True)
     cell.stop()
 
 
@@ -156,6 +163,7 @@ def run_case(size_mb: float, chunk_bytes: int, receivers: int, transfers: int, i
         "throughput_gib_s": round(statistics.mean(model_bytes / s for s in seconds) / 2**30, 3),
         "throughput_gib_s_min": round(min(model_bytes / s for s in seconds) / 2**30, 3),
         "seconds": [round(s, 3) for s in seconds],
+        "cold_fault_in_seconds": [round(float(r[4]), 3) for r in results[0]],
         "warm_throughput_gib_s": round(statistics.mean(model_bytes / s for s in warm_seconds) / 2**30, 3)
         if warm_seconds
         else None,
@@ -206,13 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     counts = args.receiver_counts or RECEIVER_COUNTS
     runs = [run_case(args.size_mb, chunk, n, args.transfers, args.in_flight) for chunk in chunk_sizes for n in counts]
     print(f"BenchNet {model_mb} MiB, sender -> receivers over TCP loopback (peak RSS = VmHWM, MiB)")
-    widths = {"chunk": 7, "recv": 4, "GiB/s": 6, "min": 6, "warm": 6, "send peak": 9, "send extra": 10}
+    print("cold / min / warm: GiB/s per transfer; fault-in: CPU seconds the page populator spent on a cold one")
+    widths = {"chunk": 7, "recv": 4, "cold": 6, "min": 6, "fault-in": 8, "warm": 6, "send peak": 9, "send extra": 10}
     widths |= {"recv peak": 9, "recv base": 9, "bad": 3}
     print(" ".join(f"{name:>{width}}" for name, width in widths.items()))
     for run in runs:
         chunk = f"{run['chunk_bytes'] >> 20}MiB" if run["chunk_bytes"] else "inline"
         warm = "-" if run["warm_throughput_gib_s"] is None else f"{run['warm_throughput_gib_s']:.2f}"
-        cells = [chunk, run["receivers"], f"{run['throughput_gib_s']:.2f}", f"{run['throughput_gib_s_min']:.2f}", warm]
+        fault_in = f"{statistics.mean(run['cold_fault_in_seconds']):.2f}"
+        cells = [chunk, run["receivers"], f"{run['throughput_gib_s']:.2f}", f"{run['throughput_gib_s_min']:.2f}"]
+        cells += [fault_in, warm]
         cells += [f"{run[key]:.0f}" for key in ("sender_peak_rss_mb", "sender_extra_mb", "receiver_peak_rss_mb")]
         cells += [f"{run['receiver_baseline_mb']:.0f}", run["mismatched_tensors"]]
         print(" ".join(f"{cell!s:>{width}}" for cell, width in zip(cells, widths.values(), strict=True)))

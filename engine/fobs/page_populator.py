@@ -26,6 +26,7 @@ import os
 import queue
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 
@@ -87,6 +88,8 @@ class PagePopulator:
         self.populated_bytes = 0
         #: Bytes it asked to be mapped with huge pages.
         self.huge_advised_bytes = 0
+        #: Seconds its threads spent faulting in, summed over them: what new memory cost here.
+        self.populate_seconds = 0.0
 
     def submit(self, tensors: Iterable[torch.Tensor]) -> None:
         """Queue contiguous CPU ``tensors`` to be faulted in, in the order given."""
@@ -116,10 +119,13 @@ class PagePopulator:
         while True:
             reference = self._queue.get()
             tensor = reference() if self.enabled else None
+            start = time.perf_counter()
             populated = self._populate(tensor) if tensor is not None else 0
+            seconds = time.perf_counter() - start
             del tensor
             with self._state:
                 self.populated_bytes += populated
+                self.populate_seconds += seconds
                 self._pending -= 1
                 if not self._pending:
                     self._state.notify_all()
