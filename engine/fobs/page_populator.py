@@ -118,17 +118,18 @@ class PagePopulator:
     def _run(self) -> None:
         while True:
             reference = self._queue.get()
-            tensor = reference() if self.enabled else None
-            start = time.perf_counter()
-            populated = self._populate(tensor) if tensor is not None else 0
-            seconds = time.perf_counter() - start
-            del tensor
-            with self._state:
-                self.populated_bytes += populated
-                self.populate_seconds += seconds
-                self._pending -= 1
-                if not self._pending:
-                    self._state.notify_all()
+            start, populated = time.perf_counter(), 0
+            try:
+                tensor = reference() if self.enabled else None
+                populated = self._populate(tensor) if tensor is not None else 0
+                del tensor
+            finally:  # counted as handled whatever happened, so that no one waits for it forever
+                with self._state:
+                    self.populated_bytes += populated
+                    self.populate_seconds += time.perf_counter() - start
+                    self._pending -= 1
+                    if not self._pending:
+                        self._state.notify_all()
 
     def _advise_huge_pages(self, tensor: torch.Tensor) -> int:
         """Ask for huge pages over the tensor; the bytes advised."""

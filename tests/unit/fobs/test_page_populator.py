@@ -93,7 +93,7 @@ def test_large_new_memory_is_mapped_with_huge_pages(populator: PagePopulator) ->
         pytest.skip("transparent huge pages are off here")
     huge = 2 * MIB
     tensor = torch.empty(64 * MIB, dtype=torch.uint8)
-    assert huge_page_mib(tensor) == 0
+    assert huge_page_mib(tensor) <= 2  # nothing written yet (but glibc's header, if huge pages are always on)
 
     populator.submit([tensor])
     assert populator.wait_idle()
