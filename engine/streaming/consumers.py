@@ -114,8 +114,9 @@ class MemoryConsumer(StreamConsumer):
     """Builds a dict of CPU tensors, each allocated once and filled in place as chunks land.
 
     The tensors come from `engine.fobs.tensor_pool`: a download reuses the memory of an earlier
-    one that is no longer in use. New memory is faulted in on a background thread, in the order
-    the chunks will fill it (`engine.fobs.page_populator`), instead of page by page as they land.
+    one that is no longer in use. New memory gets huge pages and is faulted in on background
+    threads, in the order the chunks will fill it (`engine.fobs.page_populator`), instead of
+    page by page as they land.
     """
 
     places_on_io_thread = True
