@@ -81,6 +81,13 @@ class StreamingError(FlengineError):
     """A download cannot go on: a lying header, a chunk that does not fit, a failed consumer."""
 
 
+class SecurityError(FlengineError):
+    """Keys or trust settings are missing, malformed or unsafe, or a peer was refused for them.
+
+    The message names the file and the fix (``chmod 600 ...``, the allowlist to add a key to).
+    """
+
+
 class CellError(FlengineError):
     """Base of the errors of the cells (messaging) layer."""
 

@@ -6,9 +6,14 @@ size, sent zero-copy from a preallocated buffer (as the streaming layer serves c
 over TCP loopback. ``--raw`` measures the same workload with plain pyzmq DEALER/ROUTER sockets
 and no cells, which is the ceiling the cells layer is held against.
 
+Both modes use CURVE (fresh key pairs made by the parent, the server's allowlist holding the
+client's key), as every flengine connection does; ``--insecure`` measures them over plain TCP.
+Compare cells with raw pyzmq of the same security, run in turn on the same host.
+
 Usage::
 
-    python tools/bench_cells.py [--out FILE] [--raw] [--inline] [--glibc-malloc] [--repeat N] [--total-mib MIB]
+    python tools/bench_cells.py [--out FILE] [--raw] [--insecure] [--inline] [--glibc-malloc]
+                                [--repeat N] [--total-mib MIB]
 
 Both processes set glibc's allocator as flengine's job processes do for a job whose largest
 chunk is the largest frame measured (`engine.runtime.process.return_freed_memory_to_the_system`):
@@ -47,8 +52,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 FRAME_SIZES_MIB = (2, 8)
 IN_FLIGHT = (1, 4, 8)
 MAX_FRAME_BYTES = max(FRAME_SIZES_MIB) << 20
+#: How the parent hands the child its CURVE keys (absent: plain TCP).
+KEYS_ENV = "BENCH_CELLS_CURVE_KEYS"
 REQUEST_TIMEOUT_S = 30.0
 STARTUP_TIMEOUT_S = 30.0
+
+
+def make_keys() -> dict[str, str]:
+    """Key pairs of the server and the client (Z85 text), as a job's cells have."""
+    server_public, server_secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    return {
+        "server_public": server_public.decode(),
+        "server_secret": server_secret.decode(),
+        "client_public": client_public.decode(),
+        "client_secret": client_secret.decode(),
+    }
+
+
+def keys_from_environment() -> dict[str, bytes] | None:
+    text = os.environ.get(KEYS_ENV)
+    return None if not text else {name: value.encode() for name, value in json.loads(text).items()}
+
+
+def cell_security(keys: dict[str, bytes] | None, server: bool):  # noqa: ANN201 - a CellSecurity or None
+    from engine.cells.security import Allowlist, CellSecurity
+
+    if keys is None:
+        return None
+    if server:
+        allowlist = Allowlist({"site-1": keys["client_public"]})
+        return CellSecurity(keys["server_public"], keys["server_secret"], allowlist=allowlist)
+    return CellSecurity(keys["client_public"], keys["client_secret"], server_public_key=keys["server_public"])
 
 
 def set_malloc_as_jobs_do() -> bool:
@@ -70,7 +105,8 @@ def serve_cell(inline: bool) -> None:
     from engine.cells import Cell, CellSettings, Reply
 
     chunk = memoryview(os.urandom(MAX_FRAME_BYTES))
-    cell = Cell("server", CellSettings(port=0, handler_pool_size=4))
+    security = cell_security(keys_from_environment(), server=True)
+    cell = Cell("server", CellSettings(port=0, handler_pool_size=4), security=security)
     cell.register_handler("bench", "ping", lambda message: None, inline=inline)
     cell.register_handler(
         "bench", "chunk", lambda message: Reply(frames=[chunk[: message.header["size"]]]), inline=inline
@@ -81,10 +117,17 @@ def serve_cell(inline: bool) -> None:
 
 
 def serve_raw() -> None:
-    """Child process: a plain ROUTER answering the same workload; ends when stdin closes."""
+    """Child process: a plain ROUTER answering the same workload; ends when stdin closes.
+
+    With keys it is a CURVE server (no ZAP handler: raw pyzmq checks no allowlist).
+    """
     chunk = memoryview(os.urandom(MAX_FRAME_BYTES))
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
+    keys = keys_from_environment()
+    if keys is not None:
+        router.curve_secretkey, router.curve_publickey = keys["server_secret"], keys["server_public"]
+        router.curve_server = True
     router.bind("tcp://127.0.0.1:*")
     print(router.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
     stop = threading.Event()
@@ -107,10 +150,11 @@ def serve_raw() -> None:
 class CellClient:
     """Drives the cell server from the parent process."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, keys: dict[str, bytes] | None) -> None:
         from engine.cells import Cell, CellSettings
 
-        self.cell = Cell("site-1", CellSettings(), connect_to=endpoint).start()
+        security = cell_security(keys, server=False)
+        self.cell = Cell("site-1", CellSettings(), connect_to=endpoint, security=security).start()
         if not self.cell.wait_connected(STARTUP_TIMEOUT_S):
             raise RuntimeError(f"client cell did not register with {endpoint}")
 
@@ -140,9 +184,12 @@ class CellClient:
 class RawClient:
     """Drives the plain pyzmq server from the parent process."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, keys: dict[str, bytes] | None) -> None:
         self.context = zmq.Context()
         self.dealer = self.context.socket(zmq.DEALER)
+        if keys is not None:
+            self.dealer.curve_secretkey, self.dealer.curve_publickey = keys["client_secret"], keys["client_public"]
+            self.dealer.curve_serverkey = keys["server_public"]
         self.dealer.connect(endpoint)
 
     def ping(self) -> None:
@@ -201,22 +248,31 @@ def measure_throughput(client: CellClient | RawClient, size_mib: int, in_flight:
     return count * size / elapsed / (1 << 30)
 
 
-def run(raw: bool, repeat: int, total_mib: int, rtt_count: int, malloc: str, inline: bool = False) -> dict:
+def run(
+    raw: bool, repeat: int, total_mib: int, rtt_count: int, malloc: str, inline: bool = False, insecure: bool = False
+) -> dict:
     mode = "raw" if raw else ("cell-inline" if inline else "cell")
+    key_text = None if insecure else make_keys()
+    env = dict(os.environ)
+    if key_text is not None:
+        env[KEYS_ENV] = json.dumps(key_text)
+    keys = None if key_text is None else {name: value.encode() for name, value in key_text.items()}
     child = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--serve", mode, *(["--glibc-malloc"] * (malloc == "glibc"))],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        env=env,
     )
     try:
         endpoint = child.stdout.readline().strip()
         if not endpoint.startswith("tcp://"):
             raise RuntimeError(f"benchmark server did not start (said {endpoint!r})")
-        client = RawClient(endpoint) if raw else CellClient(endpoint)
+        client = RawClient(endpoint, keys) if raw else CellClient(endpoint, keys)
         try:
             result = _measure(client, mode, repeat, total_mib, rtt_count)
             result["malloc"] = malloc
+            result["security"] = "none" if insecure else "curve"
             return result
         finally:
             client.close()
@@ -260,7 +316,7 @@ def _measure(client: CellClient | RawClient, mode: str, repeat: int, total_mib: 
 
 
 def print_table(result: dict) -> None:
-    print(f"mode: {result['mode']}, malloc as {result['malloc']}", end="")
+    print(f"mode: {result['mode']}, security {result['security']}, malloc as {result['malloc']}", end="")
     print(f"  (median of {result['repeat']} runs, min-max in brackets)")
     p50 = [r["p50"] for r in result["rtt_runs_us"]]
     p99 = [r["p99"] for r in result["rtt_runs_us"]]
@@ -289,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--inline", action="store_true", help="cells only: run the server's handlers on its I/O thread (inline=True)"
     )
+    parser.add_argument("--insecure", action="store_true", help="plain TCP instead of CURVE, in either mode")
     parser.add_argument("--serve", choices=("cell", "cell-inline", "raw"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     malloc = "glibc" if args.glibc_malloc or not set_malloc_as_jobs_do() else "flengine"
@@ -298,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve == "raw":
         serve_raw()
         return 0
-    result = run(args.raw, args.repeat, args.total_mib, args.rtt_count, malloc, args.inline)
+    result = run(args.raw, args.repeat, args.total_mib, args.rtt_count, malloc, args.inline, args.insecure)
     print_table(result)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

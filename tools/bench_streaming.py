@@ -1,6 +1,6 @@
 """Benchmark of tensor streaming: a BenchNet state dict from one process to N others, via FOBS.
 
-    python tools/bench_streaming.py --size-mb 1024 [--transfers 2] [--out FILE]
+    python tools/bench_streaming.py --size-mb 1024 [--transfers 2] [--insecure] [--out FILE]
 
 For each chunk size (2 MiB, 8 MiB, 0 = inline) and receiver count (1, 4), a sender process
 builds BenchNet (BENCHMARK.md) and serves it to every receiver ``--transfers`` times, each time
@@ -14,6 +14,8 @@ threads spent faulting in the new memory (``cold_fault_in_seconds``, summed over
 what this machine charges for memory a process has not had before. Every process sets glibc's
 allocator as flengine's job processes do. Peak RSS is the kernel's high-water mark (VmHWM) of
 each process; ``baseline`` is a process's RSS after its imports, before any tensor exists.
+Every connection is CURVE, as in a job (fresh key pairs, the sender's allowlist holding the
+receivers' keys); ``--insecure`` measures plain TCP for the comparison.
 Prints a table and writes JSON:
 ``{"model_mb": N, "runs": [{"chunk_bytes", "receivers", "throughput_gib_s",
 "warm_throughput_gib_s", "sender_peak_rss_mb", "receiver_peak_rss_mb", ...}, ...]}``.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -33,10 +36,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchnet  # noqa: E402
+import zmq  # noqa: E402
 
 CHUNK_SIZES = (2 << 20, 8 << 20, 0)
 RECEIVER_COUNTS = (1, 4)
 TIMEOUT_S = 600.0
+#: How the parent hands every process its CURVE keys (absent: plain TCP).
+KEYS_ENV = "BENCH_STREAMING_CURVE_KEYS"
+
+
+def make_keys(receivers: int) -> dict[str, list[str]]:
+    """A key pair for the sender and one per receiver (Z85 text)."""
+    pairs = {"server": zmq.curve_keypair()} | {f"site-{k}": zmq.curve_keypair() for k in range(1, receivers + 1)}
+    return {name: [public.decode(), secret.decode()] for name, (public, secret) in pairs.items()}
+
+
+def cell_security(name: str):  # noqa: ANN201 - a CellSecurity, or None when insecure
+    from engine.cells.security import Allowlist, CellSecurity
+
+    text = os.environ.get(KEYS_ENV)
+    if not text:
+        return None
+    keys = {site: [part.encode() for part in pair] for site, pair in json.loads(text).items()}
+    public, secret = keys[name]
+    if name == "server":
+        allowlist = Allowlist({site: pair[0] for site, pair in keys.items() if site != "server"})
+        return CellSecurity(public, secret, allowlist=allowlist)
+    return CellSecurity(public, secret, server_public_key=keys["server"][0])
 
 
 def rss_mb(field: str = "VmRSS") -> float:
@@ -65,7 +91,7 @@ def run_sender(size_mb: float, chunk_bytes: int, receivers: int, transfers: int)
     baseline = rss_mb()
     tensors = benchnet.state_dict(size_mb)
     model_rss = rss_mb()
-    cell = Cell("server", CellSettings(port=0, heartbeat_timeout_s=60.0)).start()
+    cell = Cell("server", CellSettings(port=0, heartbeat_timeout_s=60.0), security=cell_security("server")).start()
     service = DownloadService(cell)
     context = StreamingContext(cell, service, chunk_bytes, chunk_bytes, TIMEOUT_S, TIMEOUT_S)
     sites = [f"site-{k}" for k in range(1, receivers + 1)]
@@ -89,7 +115,8 @@ def run_receiver(endpoint: str, site: str, size_mb: float, transfers: int, in_fl
 
     registry = streaming_registry()
     baseline = rss_mb()
-    cell = Cell(site, CellSettings(heartbeat_timeout_s=60.0), connect_to=endpoint).start()
+    security = cell_security(site)
+    cell = Cell(site, CellSettings(heartbeat_timeout_s=60.0), connect_to=endpoint, security=security).start()
     cell.wait_connected(timeout_s=30)
     print("CONNECTED", flush=True)
     for transfer in range(transfers):
@@ -111,8 +138,10 @@ def run_receiver(endpoint: str, site: str, size_mb: float, transfers: int, in_fl
     cell.stop()
 
 
-def spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
 
 
 def expect(process: subprocess.Popen[str], word: str) -> list[str]:
@@ -122,15 +151,21 @@ def expect(process: subprocess.Popen[str], word: str) -> list[str]:
     return line.split()[1:]
 
 
-def run_case(size_mb: float, chunk_bytes: int, receivers: int, transfers: int, in_flight: int) -> dict:
+def run_case(
+    size_mb: float, chunk_bytes: int, receivers: int, transfers: int, in_flight: int, insecure: bool = False
+) -> dict:
+    env = dict(os.environ)
+    env.pop(KEYS_ENV, None)
+    if not insecure:
+        env[KEYS_ENV] = json.dumps(make_keys(receivers))
     sender = spawn("--role", "sender", "--size-mb", str(size_mb), "--chunk-bytes", str(chunk_bytes),
-                   "--receivers", str(receivers), "--transfers", str(transfers))  # fmt: skip
+                   "--receivers", str(receivers), "--transfers", str(transfers), env=env)  # fmt: skip
     children = [sender]
     try:
         endpoint, sender_baseline, sender_model = expect(sender, "READY")
         readers = [spawn("--role", "receiver", "--endpoint", endpoint, "--site", f"site-{k}", "--size-mb", str(size_mb),
                          "--transfers", str(transfers), "--in-flight", str(in_flight),
-                         "--chunk-bytes", str(chunk_bytes))
+                         "--chunk-bytes", str(chunk_bytes), env=env)
                    for k in range(1, receivers + 1)]  # fmt: skip
         children += readers
         for reader in readers:
@@ -160,6 +195,7 @@ def run_case(size_mb: float, chunk_bytes: int, receivers: int, transfers: int, i
         "receivers": receivers,
         "transfers": transfers,
         "in_flight": in_flight,
+        "security": "none" if insecure else "curve",
         "throughput_gib_s": round(statistics.mean(model_bytes / s for s in seconds) / 2**30, 3),
         "throughput_gib_s_min": round(min(model_bytes / s for s in seconds) / 2**30, 3),
         "seconds": [round(s, 3) for s in seconds],
@@ -189,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--chunk-mb", type=float, nargs="+", help="chunk sizes in MiB (0 = inline); default 2 8 0")
     parser.add_argument("--receiver-counts", type=int, nargs="+", help="receiver counts; default 1 4")
+    parser.add_argument("--insecure", action="store_true", help="plain TCP instead of CURVE")
     parser.add_argument("--out", help="write the JSON result to this file")
     parser.add_argument("--role", choices=("sender", "receiver"), help=argparse.SUPPRESS)
     parser.add_argument("--chunk-bytes", type=int, help=argparse.SUPPRESS)
@@ -212,8 +249,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--transfers must be >= 1")
     chunk_sizes = [round(mb * 2**20) for mb in args.chunk_mb] if args.chunk_mb else CHUNK_SIZES
     counts = args.receiver_counts or RECEIVER_COUNTS
-    runs = [run_case(args.size_mb, chunk, n, args.transfers, args.in_flight) for chunk in chunk_sizes for n in counts]
-    print(f"BenchNet {model_mb} MiB, sender -> receivers over TCP loopback (peak RSS = VmHWM, MiB)")
+    runs = [
+        run_case(args.size_mb, chunk, n, args.transfers, args.in_flight, args.insecure)
+        for chunk in chunk_sizes
+        for n in counts
+    ]
+    security = "plain TCP (--insecure)" if args.insecure else "CURVE"
+    print(f"BenchNet {model_mb} MiB, sender -> receivers over TCP loopback, {security} (peak RSS = VmHWM, MiB)")
     print("cold / min / warm: GiB/s per transfer; fault-in: CPU seconds the page populator spent on a cold one")
     widths = {"chunk": 7, "recv": 4, "cold": 6, "min": 6, "fault-in": 8, "warm": 6, "send peak": 9, "send extra": 10}
     widths |= {"recv peak": 9, "recv base": 9, "bad": 3}

@@ -31,6 +31,7 @@ from engine.cells.outbox import Outbox
 from engine.cells.pending import PendingRequests, ReplyFuture
 from engine.cells.pool import HandlerPool
 from engine.cells.protocol import HANDLER_GRACE_MAX_S, Kind, Status
+from engine.cells.security import CellSecurity
 from engine.cells.server_core import ServerCore
 from engine.cells.settings import CellSettings
 from engine.errors import CellClosedError, CellError
@@ -48,6 +49,10 @@ class Cell:
         settings: Network, liveness and size settings (defaults if None).
         connect_to: Endpoint of the server cell (``"tcp://host:port"``) for a client cell;
             None makes this cell the server, bound on ``settings.host:settings.port``.
+        security: CURVE keys: a server cell's own key pair and allowlist, a client cell's own
+            key pair and the server's public key. None: plain TCP, for tests of this layer and
+            the runtime's explicit ``insecure = true`` only; every connection of a secure server
+            must then authenticate, and may send only as a name its key owns.
 
     Example:
         >>> from engine.cells import Cell, Reply
@@ -63,6 +68,7 @@ class Cell:
         fqcn: str,
         settings: CellSettings | None = None,
         connect_to: str | None = None,
+        security: CellSecurity | None = None,
     ) -> None:
         self._fqcn = check_fqcn(fqcn)
         if connect_to is not None and not (isinstance(connect_to, str) and connect_to.startswith("tcp://")):
@@ -71,18 +77,32 @@ class Cell:
         self._ids = itertools.count(random.getrandbits(48) + 1)
         self._handlers = HandlerRegistry()
         self._pending = PendingRequests(self._fqcn)
-        role = ServerCore if connect_to is None else ClientCore
-        self._core = role(
-            self._fqcn,
-            self._settings,
-            handlers=self._handlers,
-            pending=self._pending,
-            next_id=self._next_id,
-            endpoint=connect_to or "",
-        )
+        if security is not None and (security.allowlist is None) != (connect_to is not None):
+            raise ValueError(
+                f"cell {fqcn!r}: a server cell's security needs an allowlist, a client cell's the server's public key"
+            )
+        if connect_to is None:
+            self._core: ServerCore | ClientCore = ServerCore(
+                self._fqcn,
+                self._settings,
+                handlers=self._handlers,
+                pending=self._pending,
+                next_id=self._next_id,
+                authenticated=security is not None,
+            )
+        else:
+            self._core = ClientCore(
+                self._fqcn,
+                self._settings,
+                handlers=self._handlers,
+                pending=self._pending,
+                next_id=self._next_id,
+                endpoint=connect_to,
+            )
+        self._security = security
         self._outbox = Outbox()
         self._pool = HandlerPool(self._settings.handler_pool_size, self._fqcn)
-        self._io = IoThread(self._core, self._settings, self._outbox, self._dispatch, connect_to)
+        self._io = IoThread(self._core, self._settings, self._outbox, self._dispatch, connect_to, security)
         self._state = _NEW
         self._state_lock = threading.Lock()
 
@@ -107,6 +127,21 @@ class Cell:
     def endpoint(self) -> str:
         """``tcp://host:port`` bound (server, with the real port once started) or dialled."""
         return self._io.endpoint
+
+    @property
+    def secure(self) -> bool:
+        """True when the cell's connections use CURVE."""
+        return self._security is not None
+
+    @property
+    def link_error(self) -> str | None:
+        """Client: why the server last refused this cell (security handshake or registration).
+
+        None while nothing was refused, and again once a connection is let in. A client that
+        is not connected after :meth:`wait_connected` reads it to tell a refusal (wrong keys)
+        from a server that is not there yet.
+        """
+        return self._core.link_error
 
     @property
     def connected(self) -> bool:
@@ -149,10 +184,11 @@ class Cell:
             self._pool.stop(time.monotonic())
             raise
         logger.info(
-            "cell started: fqcn=%s role=%s endpoint=%s",
+            "cell started: fqcn=%s role=%s endpoint=%s security=%s",
             self._fqcn,
             "server" if self.is_server else "client",
             self.endpoint,
+            "curve" if self._security is not None else "none",
         )
         return self
 

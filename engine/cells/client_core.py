@@ -45,9 +45,18 @@ class ClientCore(CellCore):
         self._server_fqcn = ""
         self._connection_open = False
 
+    def on_handshake_failed(self, reason: str, now_s: float) -> list[Action]:
+        """Remember why the server would not let this cell in; logged once per new reason."""
+        if reason != self.link_error:
+            logger.error("security handshake failed: cell=%s server=%s reason=%s", self.fqcn, self.endpoint, reason)
+        self.link_error = reason
+        self.count("handshake_failures")
+        return []
+
     def on_link_up(self, now_s: float) -> list[Action]:
         """A connection to the server completed its handshake: say hello at once."""
         self._connection_open = True
+        self.link_error = None
         self._next_hello_s = now_s + self._settings.heartbeat_interval_s
         return [self._hello()]
 
@@ -78,7 +87,7 @@ class ClientCore(CellCore):
     # ----------------------------------------------------------------- role hooks
 
     def _received(
-        self, routing_id: bytes | None, envelope: Envelope, frames: Sequence[Any], now_s: float
+        self, routing_id: bytes | None, envelope: Envelope, frames: Sequence[Any], now_s: float, identity: str | None
     ) -> list[Action]:
         self._last_server_s = now_s
         kind = envelope.kind
@@ -118,7 +127,10 @@ class ClientCore(CellCore):
     def _on_hello_ack(self, envelope: Envelope) -> None:
         if envelope.status is not Status.OK:
             self.count("refused_hellos")
-            logger.error("server refused registration: cell=%s reason=%s", self.fqcn, envelope.reason)
+            error = f"the server refused the registration: {envelope.reason}"
+            if error != self.link_error:
+                logger.error("server refused registration: cell=%s reason=%s", self.fqcn, envelope.reason)
+            self.link_error = error
         elif not self.connected.is_set():
             self._server_fqcn = envelope.source
             self.connected.set()

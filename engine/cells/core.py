@@ -71,6 +71,8 @@ class CellCore(abc.ABC):
     """
 
     is_server: bool = False
+    #: Client: why the server last refused this cell (handshake or registration), None once in.
+    link_error: str | None = None
 
     def __init__(
         self,
@@ -123,13 +125,17 @@ class CellCore(abc.ABC):
 
     # ----------------------------------------------------------------- events
 
-    def on_frames(self, routing_id: bytes | None, frames: Sequence[Any], now_s: float) -> list[Action]:
+    def on_frames(
+        self, routing_id: bytes | None, frames: Sequence[Any], now_s: float, identity: str | None = None
+    ) -> list[Action]:
         """Handle one received message: envelope frame plus body frames.
 
         Args:
             routing_id: The connection it came on (server), or None (client).
             frames: The frames after the routing id.
             now_s: Monotonic time of receipt.
+            identity: The identity the allowlist gave the connection's CURVE key (a secure
+                server), None otherwise.
         """
         if not frames:
             self.count("malformed")
@@ -150,7 +156,7 @@ class CellCore(abc.ABC):
                 reason=f"{self.fqcn}: malformed message: {e}",
             )
             return [Send(routing_id, [encode_envelope(answer)], answer)]
-        return self._received(routing_id, envelope, frames, now_s)
+        return self._received(routing_id, envelope, frames, now_s, identity)
 
     def on_outgoing(self, envelope: Envelope, frames: Sequence[Any], now_s: float) -> list[Action]:
         """Route a message made by this cell (request, send or handler reply)."""
@@ -184,6 +190,10 @@ class CellCore(abc.ABC):
         """A connection to the server completed its handshake (client cells only)."""
         return []
 
+    def on_handshake_failed(self, reason: str, now_s: float) -> list[Action]:
+        """A connection to the server failed its security handshake (client cells only)."""
+        return []
+
     def on_link_down(self, reason: str, now_s: float) -> list[Action]:
         """The link to the server is down: it said bye or went silent (client cells only)."""
         return []
@@ -208,7 +218,7 @@ class CellCore(abc.ABC):
 
     @abc.abstractmethod
     def _received(
-        self, routing_id: bytes | None, envelope: Envelope, frames: Sequence[Any], now_s: float
+        self, routing_id: bytes | None, envelope: Envelope, frames: Sequence[Any], now_s: float, identity: str | None
     ) -> list[Action]:
         """Handle a message whose envelope decoded."""
 

@@ -27,12 +27,16 @@ from engine.cells.protocol import (
     RECONNECT_INTERVAL_MS,
     RECV_BATCH_MESSAGES,
 )
+from engine.cells.security import ZAP_ENDPOINT, CellSecurity, ZapHandler
 from engine.cells.settings import CellSettings
 from engine.errors import CellError
 
 logger = logging.getLogger(__name__)
 
-_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
 # Plain ints: pyzmq's flag enums cost an enum construction per ``|``, several per message.
 _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
@@ -56,6 +60,8 @@ class IoThread:
         outbox: Where API and handler threads queue ``(envelope, frames)`` items.
         dispatch: Called on this thread with each :class:`Dispatch`; must not block.
         connect_to: Server endpoint for a client cell; None to bind (server cell).
+        security: CURVE keys (and, for a server, the allowlist its ZAP handler applies); None
+            for plain TCP.
     """
 
     def __init__(
@@ -65,8 +71,12 @@ class IoThread:
         outbox: Outbox,
         dispatch: Callable[[Dispatch], None],
         connect_to: str | None,
+        security: CellSecurity | None = None,
     ) -> None:
         self._core = core
+        self._security = security
+        self._zap: ZapHandler | None = None
+        self._zap_socket: zmq.Socket[Any] | None = None
         self._settings = settings
         self._outbox = outbox
         self._dispatch = dispatch
@@ -125,7 +135,7 @@ class IoThread:
     # ----------------------------------------------------------------- thread body
 
     def _run(self) -> None:
-        context = zmq.Context(io_threads=1)
+        context = zmq.Context(io_threads=self._settings.io_threads_for(server=self._connect_to is None))
         monitor = None
         try:
             self._socket, monitor = self._open(context)
@@ -147,6 +157,14 @@ class IoThread:
         settings = self._settings
         server = self._connect_to is None
         sock = context.socket(zmq.ROUTER if server else zmq.DEALER)
+        if self._security is not None:
+            if server:  # the handler must be bound before the first client can connect
+                assert self._security.allowlist is not None
+                self._zap = ZapHandler(self._security.allowlist, self._core.fqcn)
+                self._zap_socket = context.socket(zmq.REP)
+                self._zap_socket.setsockopt(zmq.LINGER, 0)
+                self._zap_socket.bind(ZAP_ENDPOINT)
+            self._security.apply(sock)
         sock.setsockopt(zmq.LINGER, 0)  # raised for the final flush in _close
         sock.setsockopt(zmq.MAXMSGSIZE, settings.max_message_size_bytes)
         sock.setsockopt(zmq.HEARTBEAT_IVL, _ms(settings.heartbeat_interval_s))
@@ -176,6 +194,9 @@ class IoThread:
         poller.register(self._outbox.fileno(), zmq.POLLIN)
         if monitor is not None:
             poller.register(monitor, zmq.POLLIN)
+        zap = self._zap_socket
+        if zap is not None:
+            poller.register(zap, zmq.POLLIN)
         outbox = self._outbox
         core = self._core
         due_s = 0.0
@@ -196,6 +217,8 @@ class IoThread:
                 self._receive(sock)
             if monitor is not None and monitor in ready:
                 self._read_monitor(monitor)
+            if zap is not None and zap in ready:
+                self._answer_zap(zap)
 
     def _drain_outbox(self) -> StopCommand | None:
         stop = None
@@ -207,10 +230,22 @@ class IoThread:
             self._guarded(self._core.on_outgoing, envelope, frames, time.monotonic())
         return stop
 
+    def _answer_zap(self, zap: zmq.Socket[Any]) -> None:
+        """Answer the ZAP requests waiting (a REP socket: one request, one reply, in turn)."""
+        assert self._zap is not None
+        while zap.getsockopt(_EVENTS) & _POLLIN:
+            try:
+                request = zap.recv_multipart(_NOBLOCK)
+                zap.send_multipart(self._zap.answer(request))
+            except zmq.ZMQError as e:
+                logger.warning("ZAP request not answered: cell=%s error=%s", self._core.fqcn, e)
+                return
+
     def _receive(self, sock: zmq.Socket[Any]) -> None:
         # Readiness is asked of the socket (a cheap getsockopt) instead of receiving until
         # zmq.Again: building that exception cost more than the rest of a small message.
         server = self._connect_to is None
+        authenticated = server and self._security is not None
         recv = sock.recv
         for _ in range(RECV_BATCH_MESSAGES):
             if not sock.getsockopt(_EVENTS) & _POLLIN:
@@ -221,7 +256,11 @@ class IoThread:
                 frame = recv(_NOBLOCK, copy=False)
                 frames.append(frame)
             now_s = time.monotonic()
-            if server:
+            if authenticated:
+                # The identity ZAP gave this connection's key, stamped by ZeroMQ on each message.
+                identity = frames[-1].get("User-Id")
+                self._guarded(self._core.on_frames, frames[0].bytes, frames[1:], now_s, identity)
+            elif server:
                 self._guarded(self._core.on_frames, frames[0].bytes, frames[1:], now_s)
             else:
                 self._guarded(self._core.on_frames, None, frames, now_s)
@@ -235,6 +274,8 @@ class IoThread:
             now_s = time.monotonic()
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._guarded(self._core.on_link_up, now_s)
+            elif event["event"] & _HANDSHAKE_FAILED:
+                self._guarded(self._core.on_handshake_failed, _handshake_failure(event), now_s)
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 # What the server sent before it went away (its last replies, its BYE) is in the
                 # socket already: take it before failing the requests still waiting.
@@ -297,10 +338,24 @@ class IoThread:
         if monitor is not None and sock is not None:
             sock.disable_monitor()
             monitor.close(linger=0)
+        if self._zap_socket is not None:
+            self._zap_socket.close(linger=0)
         if sock is not None:
             sock.close(linger=_ms(linger_s))
         context.term()
         logger.debug("cell sockets closed: cell=%s", self._core.fqcn)
+
+
+def _handshake_failure(event: dict[str, Any]) -> str:
+    """Say why a CURVE handshake with the server failed, from a monitor event."""
+    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return f"the server refused this cell's key (ZAP status {event['value']}: not on its allowlist)"
+    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        return "the security handshake broke the protocol (the server does not use CURVE, or a frame was corrupted)"
+    return (
+        "the security handshake failed: the server's public key this cell was given does not match the "
+        "server, or the server does not use CURVE"
+    )
 
 
 def _ms(seconds: float) -> int:

@@ -2,8 +2,8 @@
 
 A ZeroMQ routing id names a connection, not a cell: it changes on every reconnect and anyone
 can open a connection. The table therefore binds an FQCN to the connection that registered it
-(with a HELLO), checks every later message against that binding, and keeps a ``credential`` slot
-for the authenticated CURVE public key that the production-mode issue will add: once a cell
+(with a HELLO), checks every later message against that binding, and records the connection's
+``credential``: the identity its CURVE key authenticated (a secure server). Once a cell
 registered with a credential, only that credential may claim its name.
 """
 
@@ -24,14 +24,14 @@ class Peer:
         fqcn: The cell's name.
         routing_id: ZeroMQ routing id of its current connection.
         last_seen_s: Monotonic time of the last message from it.
-        credential: Authenticated key of the connection (CURVE public key), or None while
+        credential: Identity the connection's CURVE key authenticated, or None while
             security is off.
     """
 
     fqcn: str
     routing_id: bytes
     last_seen_s: float
-    credential: bytes | None = None
+    credential: str | None = None
 
 
 class Registration(enum.Enum):
@@ -85,7 +85,7 @@ class PeerTable:
         fqcn: str,
         routing_id: bytes,
         now_s: float,
-        credential: bytes | None = None,
+        credential: str | None = None,
     ) -> Registration:
         """Bind ``fqcn`` to a connection, or refresh the binding.
 
@@ -93,7 +93,7 @@ class PeerTable:
             fqcn: Name the connection claims.
             routing_id: The connection.
             now_s: Monotonic time of the HELLO.
-            credential: Authenticated key of the connection, if security is on.
+            credential: Identity the connection authenticated as, if security is on.
 
         Returns:
             What happened; on ``MOVED`` the caller fails what was in flight to the old

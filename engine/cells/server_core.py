@@ -5,6 +5,14 @@ HELLO claims (:mod:`engine.cells.peers`), checks every later message against tha
 forwards messages between cells, remembers forwarded requests (:mod:`engine.cells.relay`) so it
 can answer for a target that vanishes, and forgets a cell that says BYE or stays silent for
 ``heartbeat_timeout_s``.
+
+A secure server (``authenticated``) also knows each connection's identity, which ZeroMQ took
+from its CURVE key through the allowlist: a connection may register only a name its identity
+owns (``site-1``, ``site-1.job``; see :func:`~engine.cells.security.name_owned_by`), so the
+source of every message it sends, forwarded ones included, is the authenticated one. A second
+connection of the same identity that registers the same name replaces the first (a client that
+reconnects after a network failure looks like that); the first one's messages are refused from
+then on.
 """
 
 from __future__ import annotations
@@ -20,13 +28,19 @@ from engine.cells.peers import PeerTable, Registration
 from engine.cells.pending import PendingRequests
 from engine.cells.protocol import Kind, Status
 from engine.cells.relay import RelayTable
+from engine.cells.security import name_owned_by
 from engine.cells.settings import CellSettings
 
 logger = logging.getLogger(__name__)
 
 
 class ServerCore(CellCore):
-    """The routing hub; see :class:`~engine.cells.core.CellCore` for the arguments."""
+    """The routing hub; see :class:`~engine.cells.core.CellCore` for the arguments.
+
+    Args:
+        authenticated: True when every connection carries an identity from its CURVE key (the
+            cell has an allowlist); a message without one is then refused.
+    """
 
     is_server = True
 
@@ -39,8 +53,10 @@ class ServerCore(CellCore):
         pending: PendingRequests,
         next_id: Callable[[], int],
         endpoint: str = "",
+        authenticated: bool = False,
     ) -> None:
         super().__init__(fqcn, settings, handlers=handlers, pending=pending, next_id=next_id, endpoint=endpoint)
+        self._authenticated = authenticated
         self._peers = PeerTable()
         self._relay = RelayTable()
         self._peer_names: tuple[str, ...] = ()
@@ -74,11 +90,13 @@ class ServerCore(CellCore):
     # ----------------------------------------------------------------- role hooks
 
     def _received(
-        self, routing_id: bytes | None, envelope: Envelope, frames: Sequence[Any], now_s: float
+        self, routing_id: bytes | None, envelope: Envelope, frames: Sequence[Any], now_s: float, identity: str | None
     ) -> list[Action]:
         assert routing_id is not None
+        if self._authenticated and not (identity and name_owned_by(identity, envelope.source)):
+            return self._refuse_impostor(routing_id, envelope, identity)
         if envelope.kind is Kind.HELLO:
-            return self._on_hello(routing_id, envelope, now_s)
+            return self._on_hello(routing_id, envelope, now_s, identity)
         fqcn = self._peers.fqcn_of(routing_id)
         if fqcn is None or envelope.source != fqcn:
             return self._refuse_connection(routing_id, envelope, fqcn)
@@ -129,9 +147,25 @@ class ServerCore(CellCore):
         answer = envelope.reply(self._next_id(), Status.ERROR, why)
         return [Send(routing_id, [encode_envelope(answer)], answer)]
 
-    def _on_hello(self, routing_id: bytes, envelope: Envelope, now_s: float) -> list[Action]:
+    def _refuse_impostor(self, routing_id: bytes, envelope: Envelope, identity: str | None) -> list[Action]:
+        """Answer a message whose source is not a name the connection's key owns."""
+        self.count("impersonation")
+        why = (
+            f"{self.fqcn}: this connection is authenticated as {identity!r}, which may not send as {envelope.source!r}"
+        )
+        logger.warning("message refused: %s kind=%s", why, envelope.kind.name)
+        if envelope.kind is Kind.HELLO:
+            ack = Envelope(Kind.HELLO_ACK, self._next_id(), self.fqcn, envelope.source,
+                           reply_to=envelope.msg_id, status=Status.ERROR, reason=why)  # fmt: skip
+            return [Send(routing_id, [encode_envelope(ack)], ack)]
+        if envelope.kind is not Kind.REQUEST:
+            return []
+        answer = envelope.reply(self._next_id(), Status.ERROR, why)
+        return [Send(routing_id, [encode_envelope(answer)], answer)]
+
+    def _on_hello(self, routing_id: bytes, envelope: Envelope, now_s: float, identity: str | None) -> list[Action]:
         name = envelope.source
-        outcome = Registration.REFUSED if name == self.fqcn else self._peers.register(name, routing_id, now_s)
+        outcome = Registration.REFUSED if name == self.fqcn else self._peers.register(name, routing_id, now_s, identity)
         actions: list[Action] = []
         status, reason = Status.OK, ""
         if outcome is Registration.REFUSED:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +12,9 @@ _MAX_PORT = 65535
 _MIN_MESSAGE_BYTES = 1024
 _MAX_MESSAGE_BYTES = (1 << 63) - 1
 _MAX_POOL = 1024
+_MAX_IO_THREADS = 64
+#: The most ZeroMQ I/O threads a server cell takes when ``io_threads`` is 0 (auto).
+AUTO_SERVER_IO_THREADS_MAX = 4
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,6 +43,10 @@ class CellSettings:
             blocks holds one thread; the I/O thread never runs handlers.
         request_timeout_s: Default timeout of ``request`` and ``broadcast`` when the call
             gives none, > 0 (default 60.0).
+        io_threads: ZeroMQ I/O threads of the cell, 0..64 (default 0: auto, one for a client
+            cell, one per core up to 4 for a server). Each connection is served by one I/O
+            thread, which also encrypts and decrypts its CURVE frames: with several, transfers
+            to several clients at once use several cores.
     """
 
     host: str = "127.0.0.1"
@@ -48,6 +56,7 @@ class CellSettings:
     max_message_size_bytes: int = 4 << 30
     handler_pool_size: int = 8
     request_timeout_s: float = 60.0
+    io_threads: int = 0
 
     def __post_init__(self) -> None:
         _check(isinstance(self.host, str) and self.host != "", "host", self.host, "a non-empty host name or address")
@@ -85,6 +94,18 @@ class CellSettings:
         _check(
             _is_positive(self.request_timeout_s), "request_timeout_s", self.request_timeout_s, "a number of seconds > 0"
         )
+        _check(
+            _is_int(self.io_threads) and 0 <= self.io_threads <= _MAX_IO_THREADS,
+            "io_threads",
+            self.io_threads,
+            f"an integer in 0..{_MAX_IO_THREADS} (0: auto)",
+        )
+
+    def io_threads_for(self, server: bool) -> int:
+        """The ZeroMQ I/O threads a cell of this role opens (``io_threads``, or the auto choice)."""
+        if self.io_threads:
+            return self.io_threads
+        return max(1, min(AUTO_SERVER_IO_THREADS_MAX, os.cpu_count() or 1)) if server else 1
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> CellSettings:

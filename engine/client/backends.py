@@ -14,14 +14,10 @@ import threading
 from abc import ABC, abstractmethod
 from typing import Any
 
-from engine.cells import Cell, CellSettings
 from engine.client.exchange import ClientAPIError, TaskExchange, TaskItem
 from engine.errors import CellError
-from engine.fobs import default_registry
 from engine.model import FLModel
-from engine.streaming.codec import MessageCodec
-from engine.streaming.service import DownloadService
-from engine.streaming.via_downloader import StreamingContext
+from engine.site import ScriptCredentials, SiteEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -103,18 +99,26 @@ class SubprocessBackend(Backend):
     Built by `from_environment` from the variables the executor sets when it starts the script.
     """
 
-    def __init__(self, endpoint: str, site_name: str, job_id: str, streaming: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        site_name: str,
+        job_id: str,
+        streaming: dict[str, Any],
+        credentials: ScriptCredentials | None = None,
+    ) -> None:
         super().__init__(site_name, job_id)
-        self._cell = Cell(f"{site_name}.script", CellSettings(), connect_to=endpoint).start()
-        self._service = DownloadService(self._cell)
-        self._codec = MessageCodec(
-            default_registry(), StreamingContext.from_config(self._cell, self._service, streaming)
-        )
+        self._endpoint = SiteEndpoint.for_script(site_name, endpoint, credentials, streaming).start()
+        self._cell = self._endpoint.cell
+        self._codec = self._endpoint.codec
         self._parent = site_name
         self._timeout_s = self._codec.context.per_request_timeout_s
         self._running = True
         if not self._cell.wait_connected(30.0):
+            refused = self._cell.link_error
             self.close()
+            if refused is not None:
+                raise ClientAPIError(f"flare.init(): the executor at {endpoint} refused this script: {refused}")
             raise ClientAPIError(f"flare.init(): the executor at {endpoint} did not answer within 30 s")
 
     @classmethod
@@ -127,7 +131,8 @@ class SubprocessBackend(Backend):
                 "run it through a job's ClientAPIExecutor, e.g. with `flengine run JOB`"
             )
         streaming = json.loads(os.environ.get(ENV_STREAMING, "{}"))
-        return cls(endpoint, os.environ.get(ENV_SITE, "site"), os.environ.get(ENV_JOB, "job"), streaming)
+        credentials = ScriptCredentials.from_environment(os.environ)
+        return cls(endpoint, os.environ.get(ENV_SITE, "site"), os.environ.get(ENV_JOB, "job"), streaming, credentials)
 
     def receive(self, timeout_s: float | None) -> TaskItem | None:
         waited = 0.0
@@ -159,8 +164,7 @@ class SubprocessBackend(Backend):
 
     def close(self) -> None:
         self._running = False
-        self._service.close()
-        self._cell.stop()
+        self._endpoint.close()
 
     def _request(self, topic: str, header: dict[str, Any], frames: list[Any] | None = None, timeout_s: float = 60.0):
         try:

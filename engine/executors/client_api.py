@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.cells import Cell, CellSettings, Message, Reply, Status
+from engine.cells import Message, Reply, Status
 from engine.client.backends import (
     API_CHANNEL,
     ENV_ENDPOINT,
@@ -31,7 +31,6 @@ from engine.client.backends import (
 )
 from engine.client.exchange import TaskExchange
 from engine.executors.executor import Executor, ExecutorContext
-from engine.fobs import default_registry
 from engine.model import (
     FLModel,
     ReservedHeaderKey,
@@ -43,10 +42,8 @@ from engine.model import (
     model_from_shareable,
     shareable_from_model,
 )
-from engine.streaming.codec import MessageCodec
+from engine.site import SiteEndpoint
 from engine.streaming.lazy import LazyRef
-from engine.streaming.service import DownloadService
-from engine.streaming.via_downloader import StreamingContext
 
 log = logging.getLogger(__name__)
 
@@ -255,11 +252,14 @@ class _ProcessRunner(_ScriptRunner):
     def start(self) -> None:
         site = self.context.site_name
         streaming = self.context.streaming
-        self._cell = Cell(site, CellSettings(host="127.0.0.1", port=0)).start()
-        self._service = DownloadService(self._cell)
-        self._codec = MessageCodec(
-            default_registry(), StreamingContext.from_config(self._cell, self._service, streaming)
+        # The script's link is as secure as the client job's own (CURVE unless insecure = true).
+        secure = self.context.cell is None or self.context.cell.secure
+        self._endpoint, credentials = SiteEndpoint.for_script_host(
+            site, streaming, secure=secure, workspace=self.context.workspace
         )
+        self._cell = self._endpoint.cell
+        self._endpoint.start()
+        self._codec = self._endpoint.codec
         self._cell.register_handler(API_CHANNEL, TOPIC_RECEIVE, self._on_receive)
         self._cell.register_handler(API_CHANNEL, TOPIC_SEND, self._on_send)
         self._cell.register_handler(API_CHANNEL, TOPIC_LOG, self._on_log)
@@ -272,6 +272,7 @@ class _ProcessRunner(_ScriptRunner):
                 ENV_SITE: site,
                 ENV_JOB: self.context.job_id,
                 ENV_STREAMING: json.dumps(streaming),
+                **(credentials.to_environment() if credentials is not None else {}),
             }
         )
         self._process = subprocess.Popen(
@@ -296,8 +297,7 @@ class _ProcessRunner(_ScriptRunner):
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
-        self._service.close()
-        self._cell.stop()
+        self._endpoint.close()
 
     def _on_receive(self, message: Message) -> Reply:
         wait_s = min(float(message.header.get("wait_s", 2.0)), 10.0)

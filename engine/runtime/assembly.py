@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import fnmatch
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from engine.config import ComponentSpec, ConfigDocument, Job, build_component
 from engine.fobs.tensor_pool import DEFAULT_IDLE_RELEASE_S, TENSOR_POOL
 from engine.model import Shareable
-from engine.streaming.codec import MessageCodec
-from engine.streaming.disk import DiskDownloads
 from engine.streaming.via_downloader import DEFAULT_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
@@ -132,27 +127,3 @@ def largest_chunk_bytes(job: Job) -> int:
             if document is not None:
                 sizes += [document.data.get(key, DEFAULT_CHUNK_BYTES) for key in CHUNK_SIZE_KEYS]
     return max(sizes)
-
-
-#: Where downloads to disk go by default, under a side's workspace folder.
-DEFAULT_DOWNLOADS_FOLDER = "downloads"
-
-
-@contextlib.contextmanager
-def downloads_to_disk(codec: MessageCodec, workspace: Path, folder: Path | None) -> Iterator[DiskDownloads]:
-    """Inside the block, the tensors ``codec`` receives go to disk first (lazy refs).
-
-    Args:
-        codec: The side's message codec; its previous receiving behaviour returns after the block.
-        workspace: The side's workspace folder.
-        folder: Where the downloads go (relative paths from ``workspace``); ``downloads`` if None.
-    """
-    downloads = DiskDownloads(workspace / Path(folder or DEFAULT_DOWNLOADS_FOLDER))
-    downloads.open()
-    previous = codec.context
-    codec.context = dataclasses.replace(previous, consumer_factory=downloads.consumer_factory())
-    try:
-        yield downloads
-    finally:
-        codec.context = previous
-        downloads.close()

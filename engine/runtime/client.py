@@ -8,7 +8,6 @@ server cannot be reached it keeps asking (the cell reconnects) for ``server_sile
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import threading
@@ -16,12 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.cells import Cell, CellSettings, Message
+from engine.cells import Message
 from engine.config import Job
-from engine.errors import CellError, CellRemoteError
+from engine.errors import CellError, CellRemoteError, SecurityError
 from engine.executors.client_api import REASON_HEADER
 from engine.executors.executor import ExecutorContext
-from engine.fobs import default_registry
 from engine.model import ReservedHeaderKey, ReturnCode, Shareable, make_reply
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
 from engine.runtime import protocol
@@ -31,14 +29,10 @@ from engine.runtime.assembly import (
     build_entries,
     build_executors,
     configure_tensor_pool,
-    downloads_to_disk,
     route_task,
     streaming_settings,
 )
-from engine.streaming.codec import MessageCodec
-from engine.streaming.disk import DiskDownloads
-from engine.streaming.service import DownloadService
-from engine.streaming.via_downloader import StreamingContext
+from engine.site import SiteEndpoint, SiteSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +45,7 @@ class ClientJob:
 
     Args:
         job: The validated job.
-        site: This client's name, e.g. ``site-1``.
+        site: This client's own settings (its name, e.g. ``site-1``, keys, cell limits).
         endpoint: The server cell's endpoint, ``tcp://host:port``.
         workspace: This client's folder of the job's workspace.
         job_id: The job's id.
@@ -61,17 +55,18 @@ class ClientJob:
     def __init__(
         self,
         job: Job,
-        site: str,
+        site: SiteSettings,
         endpoint: str,
         workspace: Path,
         job_id: str,
         server_silence_limit_s: float = DEFAULT_SERVER_SILENCE_LIMIT_S,
     ) -> None:
-        app = job.app_for(site)
+        app = job.app_for(site.name)
         if app is None or app.client is None:
-            raise ValueError(f"{job.folder}: no app with a config_fed_client is deployed to {site}")
+            raise ValueError(f"{job.folder}: no app with a config_fed_client is deployed to {site.name}")
         self.app = app
-        self.site = site
+        self.site_settings = site
+        self.site = site.name
         self.endpoint = endpoint
         self.workspace = workspace
         self.job_id = job_id
@@ -96,15 +91,17 @@ class ClientJob:
         routes = build_executors(document)
         data_filters = FilterChains.build(document, "task_data_filters")
         result_filters = FilterChains.build(document, "task_result_filters")
-        cell_settings = CellSettings.from_config(config.get("cell", {}))
-        self.cell = Cell(self.site, cell_settings, connect_to=self.endpoint)
+        self.network = SiteEndpoint.for_site(
+            self.site_settings, self.settings, connect_to=self.endpoint, workspace=self.workspace
+        )
+        self.cell = self.network.cell
         self.cell.register_handler(
             protocol.TASK_CHANNEL, protocol.TOPIC_TASK_READY, lambda message: self._task_ready.set(), inline=True
         )
-        self.cell.start()
-        self.cell.wait_connected(cell_settings.heartbeat_timeout_s)  # else the pull loop retries
-        service = DownloadService(self.cell)
-        self.codec = MessageCodec(default_registry(), StreamingContext.from_config(self.cell, service, self.settings))
+        self.network.start()
+        self.codec = self.network.codec
+        if not self.cell.wait_connected(self.site_settings.cell.heartbeat_timeout_s):  # else the pull loop retries
+            self._check_not_refused()
         self._current_round = None
         context = ExecutorContext(
             self.site,
@@ -119,7 +116,7 @@ class ClientJob:
                 name, data, abort, routes, data_filters, result_filters
             ),
             report_status=self._report_status,
-            downloads_to_disk=self._downloads_to_disk,
+            downloads_to_disk=self.network.downloads_to_disk,
         )
         started = []
         try:
@@ -139,9 +136,8 @@ class ClientJob:
                         component.flush()
                 except Exception:
                     log.exception("component could not finish its writes component=%s", component_id)
-            self.chunks_served = service.chunks_served
-            service.close()
-            self.cell.stop()
+            self.chunks_served = self.network.chunks_served
+            self.network.close()
 
     def _run_local_task(
         self,
@@ -187,9 +183,11 @@ class ClientJob:
         except CellError as e:
             log.warning("status report not sent: %s", e)
 
-    def _downloads_to_disk(self, folder: Path | None) -> contextlib.AbstractContextManager[DiskDownloads]:
-        """The tensors this client receives download to disk (lazy refs) inside the block."""
-        return downloads_to_disk(self.codec, self.workspace, folder)
+    def _check_not_refused(self) -> None:
+        """Raise `SecurityError` when the server refused this site (wrong keys): retrying cannot help."""
+        error = self.cell.link_error
+        if error is not None:
+            raise SecurityError(self.site_settings.describe_refusal(error))
 
     def _pull_loop(self, routes: list[Any], data_filters: FilterChains, result_filters: FilterChains) -> None:
         last_heard = time.monotonic()
@@ -198,6 +196,7 @@ class ClientJob:
             try:
                 reply = self.cell.request("server", protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, timeout_s=30.0)
             except CellError as e:
+                self._check_not_refused()
                 silent_s = time.monotonic() - last_heard
                 if silent_s > self.server_silence_limit_s:
                     raise CellError(f"{self.site}: the server did not answer for {silent_s:.0f} s ({e})") from e

@@ -18,7 +18,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.config import load_job
+from engine.config import Job, load_job
+from engine.errors import FlengineError
 from engine.fobs.tensor_pool import TENSOR_POOL
 from engine.runtime.assembly import largest_chunk_bytes
 from engine.runtime.client import ClientJob
@@ -32,6 +33,7 @@ from engine.runtime.process import (
 )
 from engine.runtime.server import ServerJob
 from engine.runtime.states import JobState
+from engine.site import INSECURE_WARNING, SiteSettings, cell_settings_of
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +54,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     if return_freed_memory_to_the_system(chunk_bytes):
         threshold = mmap_threshold_for(chunk_bytes)
         log.debug("glibc mmap threshold %d bytes (largest chunk %d bytes)", threshold, chunk_bytes)
+    try:
+        site = _site_settings(job, args)
+    except FlengineError as e:
+        log.error("%s", e)
+        print(f"Error: {args.site}: {e}", file=sys.stderr)
+        return 1
     if args.role == "server":
-        return _run_server(job, folder, args)
-    return _run_client(job, folder, args)
+        return _run_server(job, site, folder, args)
+    return _run_client(job, site, folder, args)
 
 
-def _run_server(job, folder: Path, args: argparse.Namespace) -> int:
+def _site_settings(job: Job, args: argparse.Namespace) -> SiteSettings:
+    """This process's site: its name, its keys (or ``--insecure``), its app's cell settings."""
+    app = job.app_for(args.site)
+    document = None if app is None else (app.server if args.role == "server" else app.client)
+    config = {} if document is None else document.data
+    if args.insecure:
+        log.warning("%s", INSECURE_WARNING)
+    keys = Path(args.keys) if args.keys else None
+    site = SiteSettings(args.site, cell_settings_of(config), keys, insecure=args.insecure)
+    site.cell_security(server=args.role == "server")  # unsafe or missing keys fail here, at start
+    return site
+
+
+def _run_server(job: Job, site: SiteSettings, folder: Path, args: argparse.Namespace) -> int:
     events = EventWriter()
-    server = ServerJob(job, folder, args.clients.split(","), args.job_id, events)
+    server = ServerJob(job, site, folder, args.clients.split(","), args.job_id, events)
     signal.signal(signal.SIGTERM, lambda *_: server.abort("stopped by the simulator (SIGTERM)"))
     exit_with_parent(args.parent_pid, lambda: server.abort("the simulator went away"))
     started = time.time()
@@ -76,8 +97,8 @@ def _run_server(job, folder: Path, args: argparse.Namespace) -> int:
     return 0 if state is JobState.FINISHED_COMPLETED else 1
 
 
-def _run_client(job, folder: Path, args: argparse.Namespace) -> int:
-    client = ClientJob(job, args.site, args.connect, folder, args.job_id)
+def _run_client(job: Job, site: SiteSettings, folder: Path, args: argparse.Namespace) -> int:
+    client = ClientJob(job, site, args.connect, folder, args.job_id)
     signal.signal(signal.SIGTERM, lambda *_: _stop_client(client, folder, args.site))
     exit_with_parent(args.parent_pid, client.abort_signal.set)
     code = 0
@@ -120,6 +141,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--job-id", default="job")
     parser.add_argument("--clients", default="", help="server: comma-separated client names")
     parser.add_argument("--connect", default="", help="client: the server's endpoint")
+    parser.add_argument("--keys", default="", help="this site's keys folder (see engine.security.keys)")
+    parser.add_argument("--insecure", action="store_true", help="no CURVE: plain TCP, unauthenticated")
     parser.add_argument("--parent-pid", type=int, default=os.getppid())
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser

@@ -22,12 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.cells import Cell, CellSettings, Message, Reply, Status
+from engine.cells import Message, Reply, Status
 from engine.config import Job
 from engine.controller import Controller, SubmitOutcome, TaskQueue
 from engine.controller.context import JobContext, ReceivedStatus
 from engine.errors import CellError
-from engine.fobs import default_registry
 from engine.model import DXO, FLModel, ReservedHeaderKey, Shareable
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
 from engine.runtime import protocol
@@ -35,15 +34,11 @@ from engine.runtime.assembly import (
     FilterChains,
     build_entries,
     configure_tensor_pool,
-    downloads_to_disk,
     streaming_settings,
 )
 from engine.runtime.states import JobState
-from engine.streaming.codec import MessageCodec
-from engine.streaming.disk import DiskConsumerFactory, DiskDownloads
+from engine.site import SiteEndpoint, SiteSettings
 from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
-from engine.streaming.service import DownloadService
-from engine.streaming.via_downloader import StreamingContext
 
 log = logging.getLogger(__name__)
 
@@ -69,18 +64,22 @@ class ServerJob:
 
     Args:
         job: The validated job.
+        site: The server's own settings (name, keys, cell limits).
         workspace: The server's folder of the job's workspace.
         clients: The names of the clients that take part (``site-1`` ...).
         job_id: The job's id, as the clients will see it.
         report: Progress sink, ``report(event, **fields)``.
     """
 
-    def __init__(self, job: Job, workspace: Path, clients: list[str], job_id: str, report: Any = None) -> None:
+    def __init__(
+        self, job: Job, site: SiteSettings, workspace: Path, clients: list[str], job_id: str, report: Any = None
+    ) -> None:
         app = job.app_for("server")
         if app is None or app.server is None:
             raise ValueError(f"{job.folder}: no app with a config_fed_server is deployed to the server")
         self.job = job
         self.app = app
+        self.site = site
         self.workspace = workspace
         self.clients = clients
         self.job_id = job_id
@@ -119,9 +118,9 @@ class ServerJob:
 
         settings = streaming_settings(config)
         configure_tensor_pool(config)
-        self.cell = Cell("server", CellSettings.from_config(config.get("cell", {}))).start()
-        self.service = DownloadService(self.cell)
-        self.codec = MessageCodec(default_registry(), StreamingContext.from_config(self.cell, self.service, settings))
+        self.endpoint = SiteEndpoint.for_site(self.site, settings, workspace=self.workspace).start()
+        self.cell = self.endpoint.cell
+        self.codec = self.endpoint.codec
         self.queue = TaskQueue(self.clients)
         self.queue.set_schedule_listener(self._tell_task_ready)
         self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, self._on_get_task)
@@ -129,14 +128,14 @@ class ServerJob:
         self.cell.register_handler(CCWF_CHANNEL, TOPIC_STATUS, self._on_status)
         monitor = threading.Thread(target=self._monitor, name="server-monitor", daemon=True)
         monitor.start()
-        self.report("listening", endpoint=self.cell.endpoint)
+        self.report("listening", endpoint=self.cell.endpoint, secure=self.cell.secure)
         context = JobContext(
             self.job_id,
             self.workspace,
             components,
             self.report,
             settings,
-            disk_downloads=self._downloads_to_disk,
+            disk_downloads=self.endpoint.downloads_to_disk,
             status_reports=self._status_reports,
             dead_clients=self._dead_clients,
         )
@@ -153,14 +152,9 @@ class ServerJob:
             self._wait_end_heard()
             self._stopped.set()
             monitor.join(2.0)
-            self.chunks_served = self.service.chunks_served
-            self.service.close()
-            self.cell.stop()
+            self.chunks_served = self.endpoint.chunks_served
+            self.endpoint.close()
         return outcome
-
-    def _downloads_to_disk(self, folder: Path | None) -> contextlib.AbstractContextManager[DiskDownloads]:
-        """Received results download to disk (lazy refs) inside the block; see `JobContext`."""
-        return downloads_to_disk(self.codec, self.workspace, folder)
 
     def abort(self, reason: str = "aborted") -> None:
         """Stop the job: the running workflow sees its abort signal."""
@@ -227,7 +221,18 @@ class ServerJob:
                 except CellError as e:  # the client asks again after its retry time anyway
                     log.debug("task-ready notice not sent site=%s: %s", site, e)
 
+    def _not_a_client(self, message: Message) -> Reply | None:
+        """Refuse a cell that is not one of the job's clients (e.g. another cell of an allowed site)."""
+        if message.source in self.clients:
+            return None
+        log.warning("request refused: %s is not a client of this job topic=%s", message.source, message.topic)
+        reason = f"{message.source} is not a client of this job"
+        return Reply(header={"outcome": "FAILED", "reason": reason}, status=Status.ERROR, reason=reason)
+
     def _on_get_task(self, message: Message) -> Reply:
+        refused = self._not_a_client(message)
+        if refused is not None:
+            return refused
         site = message.source
         with self._lock:
             joined = site not in self._seen
@@ -275,7 +280,10 @@ class ServerJob:
 
     def _on_status(self, message: Message) -> None:
         """A client's status in a client-controlled workflow (fire and forget: nothing to answer)."""
-        site = message.source.split(".", 1)[0]
+        site = message.source
+        if site not in self.clients:
+            log.warning("status report refused: %s is not a client of this job", site)
+            return None
         try:
             status = WorkflowStatus.from_header(dict(message.header))
         except ValueError as e:
@@ -294,9 +302,12 @@ class ServerJob:
             return set(self._dead)
 
     def _on_submit(self, message: Message) -> Reply:
+        refused = self._not_a_client(message)
+        if refused is not None:
+            return refused
         # In memory, one result is pulled and aggregated at a time, so the server holds at most
         # one client's model beyond the sum (others wait for their turn); on disk, all at once.
-        in_memory = not isinstance(self.codec.context.consumer_factory, DiskConsumerFactory)
+        in_memory = not self.endpoint.receives_to_disk
         with self._memory_slot if in_memory else contextlib.nullcontext():
             return self._take_result(message)
 

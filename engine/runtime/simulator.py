@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -27,10 +28,14 @@ from engine.runtime.entry import RESULT_FILE
 from engine.runtime.process import LOG_FILE, PROCESS_FILE
 from engine.runtime.progress import ProgressPrinter, summary_table
 from engine.runtime.states import JobState
+from engine.security import write_site_key_folders
+from engine.site import INSECURE_WARNING, insecure_requested
 
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
+#: The run's throw-away keys, under its workspace; removed when the run ends.
+KEYS_FOLDER = "keys"
 #: The cross-site evaluation matrix a workflow may leave in the server's folder.
 CROSS_SITE_FILE = "cross_site_val.json"
 #: Seconds to wait for the server to report its endpoint.
@@ -75,10 +80,27 @@ def run_simulation(
     out = out or sys.stdout
     job = load_job(job_dir)
     clients = _client_names(job, n_clients)
+    insecure = _insecure(job, ["server", *clients])
     folder = _prepare_workspace(job, workspace)
     job_id = folder.name
-    run = _Run(job, clients, folder, job_id, out, verbose)
+    run = _Run(job, clients, folder, job_id, out, verbose, insecure)
     return run.execute()
+
+
+def _insecure(job: Job, sites: list[str]) -> bool:
+    """Whether the job turns CURVE off (``cell.insecure = true``); every config must agree."""
+    choices: dict[bool, str] = {}
+    for site in sites:
+        app = job.app_for(site)
+        document = None if app is None else (app.server if site == "server" else app.client)
+        if document is not None:
+            choices.setdefault(insecure_requested(document.data), document.display)
+    if len(choices) > 1:
+        raise UsageError(
+            f"{choices[True]}: cell.insecure = true, but {choices[False]} keeps CURVE on; a server and its "
+            "clients must agree: set it in every config of the job, or in none"
+        )
+    return True in choices
 
 
 def _client_names(job: Job, n_clients: int | None) -> list[str]:
@@ -119,8 +141,12 @@ def _prepare_workspace(job: Job, workspace: str | os.PathLike[str] | None) -> Pa
 class _Run:
     """One simulation: its processes, its events, its summary."""
 
-    def __init__(self, job: Job, clients: list[str], folder: Path, job_id: str, out: IO[str], verbose: bool) -> None:
+    def __init__(
+        self, job: Job, clients: list[str], folder: Path, job_id: str, out: IO[str], verbose: bool, insecure: bool
+    ) -> None:
         self.job = job
+        self.insecure = insecure
+        self.keys: dict[str, Path] = {}
         self.clients = clients
         self.folder = folder
         self.job_id = job_id
@@ -135,6 +161,10 @@ class _Run:
     def execute(self) -> SimulationResult:
         self._enter(JobState.SUBMITTED)
         self.printer.line(f"job {self.job.name}: {len(self.clients)} clients, workspace {self.folder}")
+        if self.insecure:
+            self.printer.line(INSECURE_WARNING)
+        else:
+            self.keys = write_site_key_folders(self.folder / KEYS_FOLDER, "server", self.clients)
         state, reason = JobState.FINISHED_EXECUTION_EXCEPTION, ""
         interrupted = False
         try:
@@ -148,6 +178,7 @@ class _Run:
         finally:
             # Without the server's result no client will hear END_RUN: no point waiting for them.
             self._stop_all(interrupted or self._server_result()[0] is None)
+            shutil.rmtree(self.folder / KEYS_FOLDER, ignore_errors=True)
         result_state, result_reason = self._server_result()
         if state is not JobState.FINISHED_ABORTED and result_state is not None:
             state, reason = result_state, result_reason or reason
@@ -203,6 +234,7 @@ class _Run:
             sys.executable, "-m", "engine.runtime.entry", role,
             "--job", str(self.job.folder.resolve()), "--workspace", str(self.folder),
             "--site", site, "--job-id", self.job_id, "--parent-pid", str(os.getpid()),
+            *(["--insecure"] if self.insecure else ["--keys", str(self.keys[site])]),
             *extra, *(["--verbose"] if self.verbose else []),
         ]  # fmt: skip
         errors = (self.folder / site / "stderr.txt").open("wb")

@@ -48,19 +48,17 @@ class MessageCodec:
         self._registry = registry
         self.context = context
 
-    def encode(self, obj: Any, receivers: Sequence[str] | None = None, offers: list[str] | None = None) -> list[Any]:
+    def encode(self, obj: Any, receivers: Sequence[str], offers: list[str] | None = None) -> list[Any]:
         """Serialize ``obj`` into frames: the FOBS header first, then its datums.
 
         Args:
             obj: What to send.
-            receivers: The cells that will decode it (its download is released once all are
-                done); None: anyone, released on timeout or when the service closes.
+            receivers: The cells that will decode it, and the only ones that may pull its
+                tensors (its download is released once all are done).
             offers: A list that gets the ref ids of the downloads the message offers, to wait
                 for their receivers with `DownloadService.wait_finished`.
         """
-        props: dict[str, Any] = {STREAMING_PROP: self.context}
-        if receivers is not None:
-            props[RECEIVERS_PROP] = list(receivers)
+        props: dict[str, Any] = {STREAMING_PROP: self.context, RECEIVERS_PROP: list(receivers)}
         if offers is not None:
             props[OFFERS_PROP] = offers
         header, frames = serialize(obj, EncodeContext(props=props), self._registry)

@@ -68,7 +68,7 @@ class DownloadService:
         self,
         tensors: Mapping[str, torch.Tensor],
         chunk_bytes: int,
-        receivers: Iterable[str] | None = None,
+        receivers: Iterable[str],
         timeout_s: float = 600.0,
         metadata: Mapping[str, str] | None = None,
     ) -> str:
@@ -77,8 +77,8 @@ class DownloadService:
         Args:
             tensors: Name -> tensor, served from their own memory (do not change them meanwhile).
             chunk_bytes: Chunk size in bytes (> 0).
-            receivers: Cells that will download; the tensors are released when all are done.
-                None: anyone with the ref, released on timeout or `close` only.
+            receivers: The cells that will download, and the only ones that may; the tensors
+                are released when all are done.
             timeout_s: Seconds without a request after which the offer is dropped.
             metadata: Optional safetensors ``__metadata__``.
         """
@@ -88,7 +88,7 @@ class DownloadService:
         self,
         path: Path,
         chunk_bytes: int,
-        receivers: Iterable[str] | None = None,
+        receivers: Iterable[str],
         timeout_s: float = 600.0,
         owned_folder: Path | None = None,
     ) -> str:
@@ -101,13 +101,12 @@ class DownloadService:
         Args:
             path: The file; it must not change while served.
             chunk_bytes: Chunk size in bytes (> 0).
-            receivers: Cells that will download; None: anyone with the ref, freed on timeout or
-                `close` only.
+            receivers: The cells that will download, and the only ones that may.
             timeout_s: Seconds without a request after which the offer is dropped.
             owned_folder: A folder holding only this file, deleted with it.
 
         Raises:
-            StreamingError: The service is closed.
+            StreamingError: The service is closed, or no receiver is named.
         """
         downloadable = FileDownloadable(path, chunk_bytes, owned_folder)
         try:

@@ -27,7 +27,7 @@ class DownloadRefused(StreamingError):
 @dataclass
 class _Transaction:
     downloadable: Downloadable
-    receivers: frozenset[str] | None  # None: anyone who knows the ref may download
+    receivers: frozenset[str]
     timeout_s: float
     deadline: float
     done: set[str] = field(default_factory=set)
@@ -47,21 +47,24 @@ class DownloadRegistry:
         self._gone = threading.Condition(self._lock)  # notified whenever transactions end
         self._closed = False
 
-    def add(self, downloadable: Downloadable, receivers: Iterable[str] | None, timeout_s: float) -> str:
+    def add(self, downloadable: Downloadable, receivers: Iterable[str], timeout_s: float) -> str:
         """Register ``downloadable`` for ``receivers``; return its ref id.
 
         Args:
             downloadable: What to serve.
-            receivers: Names of the cells that will download it (all of them must finish
-                before it is freed), or None for anyone holding the ref (freed on timeout only).
+            receivers: Names of the cells that will download it, and the only ones that may
+                (all of them must finish before it is freed). The names are the ones the cells
+                layer authenticated, so a ref that leaks to another cell is of no use to it.
             timeout_s: Seconds without any request after which the transaction is dropped.
 
         Raises:
-            StreamingError: The registry is closed (the job ended); the caller still owns
-                ``downloadable``.
+            StreamingError: The registry is closed (the job ended), or no receiver is named;
+                the caller still owns ``downloadable``.
         """
         ref = uuid.uuid4().hex
-        members = frozenset(receivers) if receivers is not None else None
+        members = frozenset(receivers) if receivers is not None else frozenset()
+        if not members:
+            raise StreamingError("a download must name the cells that may pull it; none was given")
         with self._lock:
             if self._closed:
                 raise StreamingError("the download service is closed: nothing more can be offered")
@@ -72,14 +75,18 @@ class DownloadRegistry:
         """Return the downloadable ``ref`` for ``requester`` and push the transaction's deadline.
 
         Raises:
-            DownloadRefused: Unknown or finished ref, or a requester that is not a receiver.
+            DownloadRefused: Unknown or finished ref, or a requester that is not a receiver
+                (the same message for both).
         """
         with self._lock:
             transaction = self._transactions.get(ref) if isinstance(ref, str) else None
+            if transaction is not None and requester not in transaction.receivers:
+                # Answered exactly as an unknown ref, so that a peer learns nothing of other
+                # cells' downloads by asking for them.
+                log.warning("download refused to a cell it was not offered to: ref=%s requester=%s", ref, requester)
+                transaction = None
             if transaction is None:
                 raise DownloadRefused(f"unknown or finished download {ref!r}")
-            if transaction.receivers is not None and requester not in transaction.receivers:
-                raise DownloadRefused(f"{requester!r} is not a receiver of download {ref!r}")
             transaction.deadline = self._clock() + transaction.timeout_s
             return transaction.downloadable
 
@@ -112,7 +119,7 @@ class DownloadRegistry:
             if transaction is None:
                 return False
             transaction.done.add(receiver)
-            if transaction.receivers is None or not transaction.receivers <= transaction.done:
+            if not transaction.receivers <= transaction.done:
                 return False
             del self._transactions[ref]
             self._gone.notify_all()
@@ -130,7 +137,7 @@ class DownloadRegistry:
             if expired:
                 self._gone.notify_all()
         for ref, transaction in expired.items():
-            pending = sorted((transaction.receivers or frozenset()) - transaction.done)
+            pending = sorted(transaction.receivers - transaction.done)
             log.warning("download timed out ref=%s unfinished_receivers=%s", ref, pending)
             transaction.downloadable.release()
         return list(expired)

@@ -17,24 +17,33 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.cells import Cell, CellSettings, Message, Reply
+from engine.cells import CellSettings, Message, Reply
 from engine.config import job_code_on_path
-from engine.fobs import default_registry
 from engine.model import FLModel, Shareable
 from engine.model.convert import model_from_shareable, shareable_from_model
 from engine.runtime import protocol
-from engine.streaming.codec import MessageCodec
-from engine.streaming.service import DownloadService
-from engine.streaming.via_downloader import StreamingContext
+from engine.security import write_site_key_folders
+from engine.site import SiteEndpoint, SiteSettings
 from tests.integration.runtime.conftest import processes_mentioning, read_json
 from tests.integration.runtime.jobkit import make_bench_job
 
 STARTUP_S = 60.0
+SITES = ["site-1", "site-2"]
+FAST = CellSettings(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0)
 
 
-def start_process(role: str, job: Path, workspace: Path, *extra: str) -> subprocess.Popen[str]:
+@pytest.fixture
+def keys(tmp_path: Path) -> dict[str, Path]:
+    """Keys folders of the server and both sites, as the simulator writes them."""
+    return write_site_key_folders(tmp_path / "keys", "server", SITES)
+
+
+def start_process(
+    role: str, job: Path, workspace: Path, keys: dict[str, Path], *extra: str, site: str = "server"
+) -> subprocess.Popen[str]:
     """One process of the job, as the simulator starts it."""
     command = [sys.executable, "-m", "engine.runtime.entry", role, "--job", str(job), "--workspace", str(workspace)]
+    command += ["--site", site, "--keys", str(keys[site])]
     return subprocess.Popen([*command, *extra], stdout=subprocess.PIPE, text=True)
 
 
@@ -73,12 +82,11 @@ def no_leftovers(tmp_path: Path) -> Iterator[None]:
 class HandDrivenClient:
     """A client that speaks the task protocol itself over a real cell, so a test can misbehave."""
 
-    def __init__(self, site: str, endpoint: str) -> None:
-        self.cell = Cell(site, CellSettings(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), connect_to=endpoint)
-        self.cell.start()
+    def __init__(self, site: str, endpoint: str, keys: Path) -> None:
+        self.endpoint = SiteEndpoint.for_site(SiteSettings(site, FAST, keys), {}, connect_to=endpoint).start()
+        self.cell = self.endpoint.cell
         assert self.cell.wait_connected(STARTUP_S), f"{site} never connected to {endpoint}"
-        self.service = DownloadService(self.cell)
-        self.codec = MessageCodec(default_registry(), StreamingContext(self.cell, self.service))
+        self.codec = self.endpoint.codec
 
     def ask(self) -> Message:
         """Ask the server for work once."""
@@ -103,8 +111,7 @@ class HandDrivenClient:
         return str(reply.header["outcome"])
 
     def close(self) -> None:
-        self.service.close()
-        self.cell.stop()
+        self.endpoint.close()
 
 
 def bench_result(data: Shareable, k: int) -> Shareable:
@@ -114,14 +121,14 @@ def bench_result(data: Shareable, k: int) -> Shareable:
     return shareable_from_model(FLModel(params=params, meta={"NUM_STEPS_CURRENT_ROUND": k * 100}))
 
 
-def test_a_result_submitted_twice_is_counted_once(tmp_path: Path, no_leftovers: None) -> None:
+def test_a_result_submitted_twice_is_counted_once(tmp_path: Path, keys: dict[str, Path], no_leftovers: None) -> None:
     job = make_bench_job(tmp_path, num_rounds=1, layers=1, width=8)
     workspace = tmp_path / "workspace"
-    server = start_process("server", job, workspace, "--clients", "site-1,site-2")
+    server = start_process("server", job, workspace, keys, "--clients", "site-1,site-2")
     clients = []
     try:
         endpoint = wait_endpoint(server)
-        clients = [HandDrivenClient(site, endpoint) for site in ("site-1", "site-2")]
+        clients = [HandDrivenClient(site, endpoint, keys[site]) for site in SITES]
         for client in clients:  # the first workflow starts once every client asked for work
             assert client.ask().header["state"] == protocol.STATE_WAIT
         tasks = [client.next_task() for client in clients]
@@ -146,14 +153,16 @@ def test_a_result_submitted_twice_is_counted_once(tmp_path: Path, no_leftovers: 
     assert read_json(workspace / "server" / "result.json")["state"] == "FINISHED_COMPLETED"
 
 
-def test_the_server_tells_a_waiting_client_when_its_task_is_scheduled(tmp_path: Path, no_leftovers: None) -> None:
+def test_the_server_tells_a_waiting_client_when_its_task_is_scheduled(
+    tmp_path: Path, keys: dict[str, Path], no_leftovers: None
+) -> None:
     job = make_bench_job(tmp_path, num_rounds=1, layers=1, width=8)
     workspace = tmp_path / "workspace"
-    server = start_process("server", job, workspace, "--clients", "site-1")
+    server = start_process("server", job, workspace, keys, "--clients", "site-1")
     client = None
     try:
         endpoint = wait_endpoint(server)
-        client = HandDrivenClient("site-1", endpoint)
+        client = HandDrivenClient("site-1", endpoint, keys["site-1"])
         told = threading.Event()
         client.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_TASK_READY, lambda message: told.set())
         first = client.ask()  # the workflow starts once every client asked; its task comes after
@@ -171,9 +180,13 @@ def test_the_server_tells_a_waiting_client_when_its_task_is_scheduled(tmp_path: 
     assert code == 0
 
 
-def test_a_waiting_client_asks_again_as_soon_as_it_is_told_a_task_is_ready(tmp_path: Path, no_leftovers: None) -> None:
+def test_a_waiting_client_asks_again_as_soon_as_it_is_told_a_task_is_ready(
+    tmp_path: Path, keys: dict[str, Path], no_leftovers: None
+) -> None:
     job = make_bench_job(tmp_path, num_rounds=1, num_clients=1, layers=1, width=8)
-    server = Cell("server", CellSettings(port=0, heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0)).start()
+    stand_in = SiteEndpoint.for_site(SiteSettings("server", FAST, keys["server"]), {})
+    server = stand_in.cell
+    server.start()
     asks: list[float] = []
     replies = [
         Reply(header={"state": protocol.STATE_WAIT, "retry_s": 30.0}),  # without the notice: 30 s
@@ -185,7 +198,7 @@ def test_a_waiting_client_asks_again_as_soon_as_it_is_told_a_task_is_ready(tmp_p
         return replies[min(len(asks), len(replies)) - 1]
 
     server.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, get_task)
-    client = start_process("client", job, tmp_path / "workspace", "--site", "site-1", "--connect", server.endpoint)
+    client = start_process("client", job, tmp_path / "workspace", keys, "--connect", server.endpoint, site="site-1")
     try:
         deadline = time.monotonic() + STARTUP_S
         while not asks and time.monotonic() < deadline:
@@ -207,7 +220,9 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_a_client_carries_on_when_the_server_restarts(tmp_path: Path, no_leftovers: None) -> None:
+def test_a_client_carries_on_when_the_server_restarts(
+    tmp_path: Path, keys: dict[str, Path], no_leftovers: None
+) -> None:
     port = free_port()
     job = make_bench_job(
         tmp_path,
@@ -218,11 +233,11 @@ def test_a_client_carries_on_when_the_server_restarts(tmp_path: Path, no_leftove
     )
     first_ws, second_ws = tmp_path / "first", tmp_path / "second"
     clients = ["--clients", "site-1,site-2"]
-    crashed = start_process("server", job, first_ws, *clients)
+    crashed = start_process("server", job, first_ws, keys, *clients)
     site1 = None
     try:
         endpoint = wait_endpoint(crashed)
-        site1 = start_process("client", job, second_ws, "--site", "site-1", "--connect", endpoint)
+        site1 = start_process("client", job, second_ws, keys, "--connect", endpoint, site="site-1")
         # site-1 is asking for work (the server waits for site-2); then the server dies.
         log = first_ws / "server" / "log.txt"
         deadline = time.monotonic() + STARTUP_S
@@ -232,9 +247,9 @@ def test_a_client_carries_on_when_the_server_restarts(tmp_path: Path, no_leftove
         finish(crashed)
         time.sleep(1.0)  # site-1 keeps asking a server that is not there
 
-        server = start_process("server", job, second_ws, *clients)
+        server = start_process("server", job, second_ws, keys, *clients)
         assert wait_endpoint(server) == endpoint
-        site2 = start_process("client", job, second_ws, "--site", "site-2", "--connect", endpoint)
+        site2 = start_process("client", job, second_ws, keys, "--connect", endpoint, site="site-2")
         codes = {"server": finish(server), "site-1": finish(site1), "site-2": finish(site2)}
     finally:
         for process in (crashed, site1):

@@ -182,7 +182,7 @@ def test_the_file_goes_when_the_transaction_times_out(sites: Sites) -> None:
 
 def test_the_files_go_when_the_service_closes_and_it_offers_no_more(sites: Sites) -> None:
     sites.send(matrix(), ["site-1"])
-    sites.send(matrix(), None)  # anyone with the ref: freed on timeout or close only
+    sites.send(matrix(), ["site-1", "site-2"])
     assert len(sites.sent_files()) == 4
 
     sites.service.close()
@@ -190,6 +190,13 @@ def test_the_files_go_when_the_service_closes_and_it_offers_no_more(sites: Sites
     assert sites.sent_files() == []
     with pytest.raises(SerializationError, match=r"cannot offer a .*Matrix as a file: the download service is closed"):
         sites.send(matrix(), ["site-1"])
+    assert sites.sent_files() == []
+
+
+def test_a_file_offered_to_nobody_is_refused_and_leaves_no_file(sites: Sites) -> None:
+    with pytest.raises(SerializationError, match=r"a download must name the cells that may pull it"):
+        sites.send(matrix(), None)
+
     assert sites.sent_files() == []
 
 

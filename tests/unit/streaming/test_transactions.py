@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.errors import StreamingError
 from engine.streaming.downloadable import FileDownloadable, TensorDownloadable
 from engine.streaming.layout import StreamLayout
 from engine.streaming.transactions import DownloadRefused, DownloadRegistry
@@ -62,10 +63,10 @@ def test_the_copy_cache_is_bounded_in_bytes() -> None:
 
 def test_only_chunks_ready_in_memory_may_be_served_on_the_io_thread(tmp_path: Path) -> None:
     registry = DownloadRegistry()
-    in_place = registry.add(downloadable(w=torch.arange(8.0), b=torch.ones(2)), None, 60.0)
-    transposed = registry.add(downloadable(w=torch.arange(64.0).reshape(8, 8).t()), None, 60.0)
+    in_place = registry.add(downloadable(w=torch.arange(8.0), b=torch.ones(2)), ["site-1"], 60.0)
+    transposed = registry.add(downloadable(w=torch.arange(64.0).reshape(8, 8).t()), ["site-1"], 60.0)
     (tmp_path / "f.bin").write_bytes(b"x" * 100)
-    on_disk = registry.add(FileDownloadable(tmp_path / "f.bin", 10), None, 60.0)
+    on_disk = registry.add(FileDownloadable(tmp_path / "f.bin", 10), ["site-1"], 60.0)
 
     assert registry.serves_from_memory(in_place)
     assert not registry.serves_from_memory(transposed)  # copied to contiguous memory first
@@ -89,7 +90,8 @@ def test_registry_serves_its_receivers_and_frees_after_the_last() -> None:
     ("ref", "requester", "index", "match"),
     [
         pytest.param("nope", "site-1", 0, r"unknown or finished download 'nope'", id="unknown-ref"),
-        pytest.param(None, "site-9", 0, r"'site-9' is not a receiver of download", id="not-a-receiver"),
+        # A cell the download was not offered to hears what it would hear of an unknown ref.
+        pytest.param(None, "site-9", 0, r"unknown or finished download '[0-9a-f]+'", id="not-a-receiver"),
         pytest.param(
             None, "site-1", 99, r"chunk 99 is out of range: download '[0-9a-f]+' has 4 chunks", id="index-out-of-range"
         ),
@@ -104,6 +106,15 @@ def test_registry_refuses_bad_requests(ref: str | None, requester: str, index: o
         registry.chunk(ref or real, requester, index)  # type: ignore[arg-type]
 
     assert registry.chunk(real, "site-1", 0)  # the service keeps serving
+
+
+def test_a_download_must_name_its_receivers() -> None:
+    registry = DownloadRegistry()
+
+    with pytest.raises(StreamingError, match="must name the cells that may pull it"):
+        registry.add(downloadable(), [], timeout_s=60)
+
+    assert len(registry) == 0
 
 
 def test_a_vanished_receiver_lets_the_transaction_time_out() -> None:
@@ -130,7 +141,7 @@ def test_close_frees_everything() -> None:
     registry = DownloadRegistry()
     served = [downloadable() for _ in range(3)]
     for item in served:
-        registry.add(item, None, timeout_s=60)
+        registry.add(item, ["site-1"], timeout_s=60)
 
     registry.close()
 
