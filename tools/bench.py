@@ -59,11 +59,13 @@ class Point:
     chunk_mb: float
     rounds: int = 2
     workflow: str = "fedavg"
+    insecure: bool = False
 
     @property
     def label(self) -> str:
         disk = "on" if self.download_to_disk else "off"
-        return f"{self.workflow} {self.size_mb}MiB x{self.clients} disk={disk} chunk={self.chunk_mb:g}MiB"
+        security = "insecure" if self.insecure else "curve"
+        return f"{self.workflow} {self.size_mb}MiB x{self.clients} disk={disk} chunk={self.chunk_mb:g}MiB {security}"
 
 
 @dataclass
@@ -81,7 +83,8 @@ class Peaks:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     points = [
-        Point(size, clients, disk == "on", chunk, args.rounds, workflow)
+        Point(size, clients, disk == "on", chunk, args.rounds, workflow, security == "insecure")
+        for security in args.security
         for workflow in args.workflow
         for size in args.size_mb
         for clients in args.clients
@@ -152,6 +155,8 @@ def write_job(folder: Path, point: Point) -> Path:
         shutil.copy(JOB_CODE / name, custom / name)
     chunk = int(point.chunk_mb * MIB)
     streaming = f"tensor_download_chunk_size = {chunk}\nnp_download_chunk_size = {chunk}\n"
+    if point.insecure:  # both configs, as the simulator requires
+        streaming += "cell { insecure = true }\n"
     (folder / "meta.conf").write_text(
         f'name = bench\nmin_clients = {point.clients}\ndeploy_map {{ app = ["@ALL"] }}\n', encoding="utf-8"
     )
@@ -316,14 +321,14 @@ def _exists(pid: int) -> bool:
 
 
 HEADER = (
-    "| workflow | model | clients | download_to_disk | chunk | server peak RSS | client peak RSS | tree peak RSS "
-    "| disk peak | rounds (s) | whole run | correct |"
+    "| workflow | security | model | clients | download_to_disk | chunk | server peak RSS | client peak RSS "
+    "| tree peak RSS | disk peak | rounds (s) | whole run | correct |"
 )
 
 
 def markdown_table(runs: list[dict[str, Any]]) -> list[str]:
     """The runs as a markdown table (sizes in MB = 10^6 bytes, as BENCHMARK.md's figures)."""
-    lines = [HEADER, "|" + "---|" * 12]
+    lines = [HEADER, "|" + "---|" * 13]
     lines.extend(_row(run) for run in runs)
     return lines
 
@@ -335,7 +340,8 @@ def _row(run: dict[str, Any]) -> str:
     rounds = " / ".join(f"{s:.1f}" for s in run["round_s"]) or "-"
     status = "yes" if run["correct"] else f"NO ({run['status']}, max error {run['max_abs_error']:.2e})"
     return (
-        f"| {run.get('workflow', 'fedavg')} | {run['size_mb']} MiB | {run['clients']} "
+        f"| {run.get('workflow', 'fedavg')} | {'insecure' if run.get('insecure') else 'CURVE'} "
+        f"| {run['size_mb']} MiB | {run['clients']} "
         f"| {'on' if run['download_to_disk'] else 'off'} "
         f"| {run['chunk_mb']:g} MiB | {gb(run['server_peak_rss_mb'])} | {gb(run['client_peak_rss_mb'])} "
         f"| {gb(run['tree_peak_rss_mb'])} | {gb(run['download_dir_peak_mb'])} | {rounds} "
@@ -353,6 +359,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--disk", choices=["on", "off"], nargs="+", default=["off", "on"], help="download_to_disk")
     parser.add_argument("--chunk-mb", type=float, nargs="+", default=[2.0], help="chunk sizes in MiB (0 = inline)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per run (default 2)")
+    parser.add_argument(
+        "--security", choices=["curve", "insecure"], nargs="+", default=["curve"],
+        help="CURVE (default, as every job) or plain TCP (cell.insecure = true), to compare",
+    )  # fmt: skip
     parser.add_argument("--out", help="write the JSON here (rewritten after every run)")
     parser.add_argument("--keep", action="store_true", help="keep each run's job and workspace")
     return parser

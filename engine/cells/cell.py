@@ -21,7 +21,7 @@ from typing import Any
 from engine.cells.client_core import ClientCore
 from engine.cells.core import Dispatch
 from engine.cells.dispatch import run_handler
-from engine.cells.envelope import Envelope
+from engine.cells.envelope import Envelope, encode_envelope
 from engine.cells.fqcn import check_fqcn
 from engine.cells.framing import frame_message
 from engine.cells.handlers import Handler, HandlerRegistry
@@ -101,7 +101,7 @@ class Cell:
             )
         self._security = security
         self._outbox = Outbox()
-        self._pool = HandlerPool(self._settings.handler_pool_size, self._fqcn)
+        self._pool = HandlerPool(self._settings.handler_pool_size, self._fqcn, self._settings.handlers_per_peer or None)
         self._io = IoThread(self._core, self._settings, self._outbox, self._dispatch, connect_to, security)
         self._state = _NEW
         self._state_lock = threading.Lock()
@@ -243,7 +243,10 @@ class Cell:
         """Run ``handler`` for messages on ``(channel, topic)``; topic ``"*"`` catches the rest.
 
         Handlers run on the cell's handler pool and may block (each holds one of
-        ``handler_pool_size`` threads while it runs).
+        ``handler_pool_size`` threads while it runs). One peer (a site and its child cells)
+        runs at most ``handlers_per_peer`` handlers at once; its further messages wait their
+        turn without holding a thread, so a peer that floods the cell with slow requests cannot
+        starve the others.
 
         Args:
             channel: Handler channel.
@@ -454,8 +457,19 @@ class Cell:
                 self._run_handler(action)
                 return
             action = Dispatch(action.handler.handler, action.message)
-        if not self._pool.submit(lambda: self._run_handler(action)):
+        peer = action.message.source.split(".", 1)[0]  # a site and its child cells share one share
+        if self._pool.submit(lambda: self._run_handler(action), peer):
+            return
+        if self._state != _RUNNING:
             logger.debug("message dropped at stop: channel=%s topic=%s", action.message.channel, action.message.topic)
+            return
+        self._core.count("peer_busy")
+        logger.warning("request refused: %s has too many requests waiting for a handler", peer)
+        request = action.message.envelope
+        if request.kind is Kind.REQUEST:
+            reason = f"{self._fqcn}: too many requests of {peer} are waiting for a handler; try again later"
+            answer = request.reply(self._next_id(), Status.ERROR, reason)
+            self._io.send_now(answer, [encode_envelope(answer)])
 
     def _run_handler(self, action: Dispatch) -> None:
         """Runs on a pool thread (or inline on the I/O thread): call the handler, send its reply."""

@@ -1,35 +1,51 @@
-"""A fixed set of daemon threads that run handlers off the I/O thread.
+"""A fixed set of daemon threads that run handlers off the I/O thread, shared fairly between peers.
 
 Not a ``ThreadPoolExecutor``: its workers are joined at interpreter exit, so one handler stuck
 forever would hang process exit. Here ``stop`` waits for running handlers only until its
 deadline, then leaves them behind as daemon threads and says so in the log.
+
+Jobs are queued per *peer* (the site a message came from): one peer runs at most
+``per_peer_limit`` handlers at once, and the workers take the peers that have work in turn, so
+a site that floods the cell with slow requests holds a bounded share of the threads and the
+other sites' requests still run. A peer's queue is bounded too; past it, ``submit`` refuses.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-_STOP = None
+#: Jobs one peer may have waiting for a thread; past it the cell answers "busy".
+DEFAULT_QUEUED_PER_PEER = 1024
 
 
 class HandlerPool:
-    """Bounded pool of worker threads fed by one queue.
+    """Bounded pool of worker threads fed by per-peer queues, served in turn.
 
     Args:
         size: Number of worker threads.
         name: Prefix of the thread names (the cell's FQCN).
+        per_peer_limit: Handlers one peer may run at once (default: half the threads, at
+            least one).
+        queued_per_peer: Jobs one peer may have waiting.
     """
 
-    def __init__(self, size: int, name: str) -> None:
+    def __init__(
+        self, size: int, name: str, per_peer_limit: int | None = None, queued_per_peer: int = DEFAULT_QUEUED_PER_PEER
+    ) -> None:
         if size < 1:
             raise ValueError(f"handler pool size must be >= 1, got {size}")
-        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.per_peer_limit = per_peer_limit if per_peer_limit is not None else max(1, size // 2)
+        self._queued_per_peer = queued_per_peer
+        self._queues: dict[str, collections.deque[Callable[[], None]]] = {}
+        self._running: collections.Counter[str] = collections.Counter()
+        self._turns: collections.deque[str] = collections.deque()  # peers with work, in turn
+        self._condition = threading.Condition()
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-handler-{i}", daemon=True) for i in range(size)
         ]
@@ -43,12 +59,24 @@ class HandlerPool:
             for thread in self._threads:
                 thread.start()
 
-    def submit(self, job: Callable[[], None]) -> bool:
-        """Queue a job; return False (and drop it) once the pool is stopping."""
-        if self._stopped:
-            return False
-        self._queue.put(job)
+    def submit(self, job: Callable[[], None], peer: str = "") -> bool:
+        """Queue a job of ``peer``; return False (and drop it) when stopping or the peer's queue is full."""
+        with self._condition:
+            if self._stopped:
+                return False
+            waiting = self._queues.setdefault(peer, collections.deque())
+            if len(waiting) >= self._queued_per_peer:
+                return False
+            waiting.append(job)
+            if peer not in self._turns:
+                self._turns.append(peer)
+            self._condition.notify()
         return True
+
+    def running(self, peer: str) -> int:
+        """Handlers of ``peer`` running now."""
+        with self._condition:
+            return self._running[peer]
 
     def stop(self, deadline_s: float) -> int:
         """Stop taking jobs, let the workers finish, and wait until ``deadline_s`` at most.
@@ -59,20 +87,17 @@ class HandlerPool:
         Returns:
             How many workers were still busy at the deadline.
         """
-        self._stopped = True
-        if not self._started:
-            return 0
-        dropped = 0
-        while True:  # jobs not started yet are dropped: their requesters get a BYE instead
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-            dropped += 1
+        with self._condition:
+            self._stopped = True
+            # Jobs not started yet are dropped: their requesters get a BYE instead.
+            dropped = sum(len(waiting) for waiting in self._queues.values())
+            self._queues.clear()
+            self._turns.clear()
+            self._condition.notify_all()
         if dropped:
             logger.info("handler pool dropped %d queued job(s) at stop", dropped)
-        for _ in self._threads:
-            self._queue.put(_STOP)
+        if not self._started:
+            return 0
         me = threading.current_thread()  # a handler may stop its own cell
         for thread in self._threads:
             if thread is not me:
@@ -82,12 +107,44 @@ class HandlerPool:
             logger.warning("handler pool stopped with %d handler(s) still running", busy)
         return busy
 
+    def _next(self) -> tuple[str, Callable[[], None]] | None:
+        """The next job of the first peer in turn that is under its limit (call with the lock held)."""
+        for _ in range(len(self._turns)):
+            peer = self._turns.popleft()
+            waiting = self._queues.get(peer)
+            if not waiting:
+                self._queues.pop(peer, None)
+                continue
+            if self._running[peer] >= self.per_peer_limit:
+                self._turns.append(peer)  # its turn comes again when one of its handlers ends
+                continue
+            job = waiting.popleft()
+            if waiting:
+                self._turns.append(peer)
+            else:
+                del self._queues[peer]
+            self._running[peer] += 1
+            return peer, job
+        return None
+
     def _work(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is _STOP:
-                return
+            with self._condition:
+                while True:
+                    if self._stopped:
+                        return
+                    picked = self._next()
+                    if picked is not None:
+                        break
+                    self._condition.wait()
+            peer, job = picked
             try:
                 job()
             except Exception:  # a job reports its own errors; this is the last guard
                 logger.exception("handler job failed")
+            finally:
+                with self._condition:
+                    self._running[peer] -= 1
+                    if not self._running[peer]:
+                        del self._running[peer]
+                    self._condition.notify()

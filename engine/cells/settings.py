@@ -43,6 +43,9 @@ class CellSettings:
             blocks holds one thread; the I/O thread never runs handlers.
         request_timeout_s: Default timeout of ``request`` and ``broadcast`` when the call
             gives none, > 0 (default 60.0).
+        handlers_per_peer: Handlers one peer (a site with its child cells) may run at once,
+            0..1024 (default 0: half of ``handler_pool_size``, at least 1). Its other messages
+            wait for their turn without holding a thread.
         io_threads: ZeroMQ I/O threads of the cell, 0..64 (default 0: auto, one for a client
             cell, one per core up to 4 for a server). Each connection is served by one I/O
             thread, which also encrypts and decrypts its CURVE frames: with several, transfers
@@ -56,6 +59,7 @@ class CellSettings:
     max_message_size_bytes: int = 4 << 30
     handler_pool_size: int = 8
     request_timeout_s: float = 60.0
+    handlers_per_peer: int = 0
     io_threads: int = 0
 
     def __post_init__(self) -> None:
@@ -93,6 +97,12 @@ class CellSettings:
         )
         _check(
             _is_positive(self.request_timeout_s), "request_timeout_s", self.request_timeout_s, "a number of seconds > 0"
+        )
+        _check(
+            _is_int(self.handlers_per_peer) and 0 <= self.handlers_per_peer <= _MAX_POOL,
+            "handlers_per_peer",
+            self.handlers_per_peer,
+            f"an integer in 0..{_MAX_POOL} (0: half of handler_pool_size)",
         )
         _check(
             _is_int(self.io_threads) and 0 <= self.io_threads <= _MAX_IO_THREADS,

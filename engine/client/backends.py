@@ -143,7 +143,7 @@ class SubprocessBackend(Backend):
             if state == "end":
                 self._running = False
             elif state == "task":
-                model = self._codec.decode(reply.frames)
+                model = self._codec.decode(reply.frames, sender=reply.source)
                 self.current = TaskItem(str(reply.header["task_name"]), model)
                 return self.current
             waited += poll

@@ -231,7 +231,10 @@ class Controller(ABC):
     def process_result_of_unknown_task(self, client: str, task_name: str, task_id: str, result: Shareable) -> None:
         """Handle a result that no live task expects (late, or for a task that ended).
 
-        The default logs it and drops it; override to make use of late results.
+        The default logs it and drops it; override to make use of late results handed to the
+        queue. The server runtime itself refuses such results before it pulls them (a site
+        cannot make the server download data that no task asked for), so over the network
+        this is not called.
         """
         logger.warning("late result from client=%s task_name=%s task_id=%s ignored", client, task_name, task_id)
 

@@ -162,6 +162,24 @@ class TaskQueue:
         self._finish(finished)
         return None if picked is None else self._deliver(*picked)
 
+    def expects_result(self, client: str, task_id: str) -> SubmitOutcome:
+        """Whether ``client``'s result of client task ``task_id`` would be taken, asked before it is received.
+
+        Returns:
+            ``ACCEPTED`` while the client task is open and waiting for its result;
+            ``DUPLICATE`` once its result was taken; ``LATE`` when no such client task of
+            ``client`` is open (never given to it, or ended).
+        """
+        with self._lock:
+            entry, client_task = self._open.get(task_id, (None, None))
+            if entry is None or client_task.client != client:
+                return SubmitOutcome.LATE
+            if client_task.result_received_time is not None:
+                return SubmitOutcome.DUPLICATE
+            if client_task.status is not None:
+                return SubmitOutcome.LATE
+            return SubmitOutcome.ACCEPTED
+
     def submit(self, client: str, task_id: str, result: Shareable) -> SubmitOutcome:
         """Take ``client``'s result of client task ``task_id``.
 

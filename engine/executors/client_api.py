@@ -42,6 +42,7 @@ from engine.model import (
     model_from_shareable,
     shareable_from_model,
 )
+from engine.paths import path_inside
 from engine.site import SiteEndpoint
 from engine.streaming.lazy import LazyRef
 
@@ -59,7 +60,8 @@ class ClientAPIExecutor(Executor):
     """Runs ``task_script_path`` once and hands it every task through the Client API.
 
     Args:
-        task_script_path: The script, relative to the app's ``custom/`` folder (or absolute).
+        task_script_path: The script, relative to the app's ``custom/`` folder, which it must not
+            leave (symlinks are followed; ``..`` and absolute paths elsewhere are refused).
         task_script_args: Its command-line arguments, split like a shell would
             (``"--epochs 1 --lr 0.01"``); the script sees them in ``sys.argv``.
         execution_mode: ``in_process``: a thread of the client process (shares its memory, no
@@ -94,8 +96,8 @@ class ClientAPIExecutor(Executor):
 
     def initialize(self, context: ExecutorContext) -> None:
         script = Path(self.task_script_path)
-        if not script.is_absolute() and context.custom_dir is not None:
-            script = context.custom_dir / script
+        if context.custom_dir is not None:  # a job's script stays in its custom/ folder, symlinks included
+            script = path_inside(context.custom_dir, script, "task_script_path", "the app's custom/ folder")
         if not script.is_file():
             raise FileNotFoundError(
                 f"task_script_path: {self.task_script_path!r} not found (looked for {script}); "
@@ -311,7 +313,7 @@ class _ProcessRunner(_ScriptRunner):
 
     def _on_send(self, message: Message) -> Reply:
         try:
-            model = self._codec.decode(message.frames)
+            model = self._codec.decode(message.frames, sender=message.source)
             if not isinstance(model, FLModel):
                 raise TypeError(f"send() takes an FLModel, got {type(model).__name__}")
             self.exchange.put_result(model)

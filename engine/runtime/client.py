@@ -245,7 +245,7 @@ class ClientJob:
     ) -> Shareable:
         self._current_round = None
         try:
-            data = self.codec.decode(reply.frames)
+            data = self.codec.decode(reply.frames, sender=reply.source)
             if not isinstance(data, Shareable):
                 raise TypeError(f"task data must be a Shareable, got {type(data).__name__}")
         except Exception as e:

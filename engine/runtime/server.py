@@ -94,6 +94,7 @@ class ServerJob:
         self._stopped = threading.Event()
         self._memory_slot = threading.Lock()
         self._status: dict[str, dict[str, ReceivedStatus]] = {}
+        self._sent_bytes: dict[str, tuple[str, int]] = {}  # task id -> (site, bytes of the model sent)
         self.chunks_served = 0
 
     def report(self, event: str, **fields: Any) -> None:
@@ -252,6 +253,8 @@ class ServerJob:
             log.warning("task not sent site=%s task=%s: %s", site, assignment.task_name, e)
             self.queue.fail_client_task(site, assignment.task_id, str(e))
             return Reply(header={"state": protocol.STATE_WAIT, "retry_s": protocol.DEFAULT_RETRY_S})
+        with self._lock:  # what a result of this task may stream is measured from it (tasks drop their data)
+            self._sent_bytes[assignment.task_id] = (site, payload_bytes(assignment.data))
         self.report(
             "task_sent",
             site=site,
@@ -315,11 +318,19 @@ class ServerJob:
         site = message.source
         task_id = str(message.header.get("task_id", ""))
         task_name = str(message.header.get("task_name", ""))
+        expected = self.queue.expects_result(site, task_id)
+        if expected is not SubmitOutcome.ACCEPTED:  # refused before a byte of it is pulled
+            log.warning("result of %s for task %r not taken: %s", site, task_name, expected.value)
+            return Reply(header={"outcome": expected.value})
+        with self._lock:
+            _, sent_bytes = self._sent_bytes.pop(task_id, (site, 0))
         started = time.monotonic()
         self.report("result_uploading", site=site, task=task_name)
         result = None
         try:
-            result = self.codec.decode(message.frames)
+            limit = RESULT_SIZE_FACTOR * sent_bytes + RESULT_SLACK_BYTES
+            what = f"a result of {site} (at most {RESULT_SIZE_FACTOR} x the {sent_bytes} bytes it was sent)"
+            result = self.codec.decode(message.frames, sender=site, max_bytes=limit, what=what)
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
             result = self._result_filters.apply(task_name, result, site)
@@ -346,6 +357,11 @@ class ServerJob:
                 with self._lock:  # a client that heard END_RUN leaves; that is not a death
                     gone = self._seen - self._dead - self._told_end - connected
                     self._dead |= gone
+                    sent = list(self._sent_bytes.items())
+                for task_id, (site, _) in sent:  # tasks that ended without a result
+                    if self.queue.expects_result(site, task_id) is not SubmitOutcome.ACCEPTED:
+                        with self._lock:
+                            self._sent_bytes.pop(task_id, None)
                 for site in sorted(gone):
                     log.warning("client stopped answering heartbeats site=%s", site)
                     self.report("client_dead", site=site)
@@ -373,6 +389,12 @@ def _flush_components(components: dict[str, Any], outcome: JobOutcome) -> JobOut
     return outcome
 
 
+#: A result may announce at most this many times the bytes of the model its task sent (a float64
+#: result of a float32 model), plus `RESULT_SLACK_BYTES`; more is refused before it is pulled.
+RESULT_SIZE_FACTOR = 2
+RESULT_SLACK_BYTES = 16 << 20
+
+
 def payload_bytes(value: Any) -> int:
     """Bytes of tensor and array memory in a result (what was streamed)."""
     if isinstance(value, torch.Tensor):
@@ -383,7 +405,7 @@ def payload_bytes(value: Any) -> int:
         return value.nbytes
     if isinstance(value, FLModel):
         return payload_bytes(value.params)
-    if isinstance(value, dict):
+    if isinstance(value, dict):  # a Shareable too
         return sum(payload_bytes(item) for item in value.values())
     if isinstance(value, DXO):
         return payload_bytes(value.data)

@@ -15,7 +15,7 @@ import torch
 
 from engine.errors import SerializationError
 from engine.fobs import DecodeContext, EncodeContext, Registry, deserialize, serialize
-from engine.streaming.service import ConsumerFactory
+from engine.streaming.service import ByteBudget, ConsumerFactory
 from engine.streaming.via_downloader import (
     OFFERS_PROP,
     RECEIVERS_PROP,
@@ -64,16 +64,37 @@ class MessageCodec:
         header, frames = serialize(obj, EncodeContext(props=props), self._registry)
         return [header, *frames]
 
-    def decode(self, frames: Sequence[Any], consumer_factory: ConsumerFactory | None = None) -> Any:
+    def decode(
+        self,
+        frames: Sequence[Any],
+        consumer_factory: ConsumerFactory | None = None,
+        *,
+        sender: str | None = None,
+        max_bytes: int | None = None,
+        what: str = "the message",
+    ) -> Any:
         """Rebuild an object from received frames, pulling its streamed tensors first.
 
         Args:
             frames: The frames of a message made by `encode`.
             consumer_factory: Where this message's tensors land; the context's by default.
+            sender: The cell the message came from (``message.source``, authenticated by the
+                cells layer): its references must name it as their owner, so that the message
+                cannot make this side pull from a third cell. None: not checked.
+            max_bytes: Bytes the message's streams may announce together; a bigger one is
+                refused before anything is reserved. None: no bound.
+            what: What the message is, for the refusal (``"a result of site-1"``).
         """
         if not frames:
             raise SerializationError("an empty message: expected a FOBS header frame")
         context = self.context
+        changes: dict[str, Any] = {}
         if consumer_factory is not None:
-            context = replace(context, consumer_factory=consumer_factory)
+            changes["consumer_factory"] = consumer_factory
+        if sender is not None:
+            changes["sender"] = sender
+        if max_bytes is not None:
+            changes["budget"] = ByteBudget(max_bytes, what)
+        if changes:
+            context = replace(context, **changes)
         return deserialize(frames[0], frames[1:], DecodeContext(props={STREAMING_PROP: context}), self._registry)

@@ -41,6 +41,37 @@ DEFAULT_SWEEP_INTERVAL_S = 5.0
 ConsumerFactory = Callable[[StreamLayout, int], StreamConsumer]
 
 
+class ByteBudget:
+    """How many bytes the downloads of one message may still announce (shared by them, thread-safe).
+
+    A receiver that knows what to expect (a result answers a model of known size) gives the
+    message a budget: a sender that announces more is refused before a byte of memory or disk is
+    reserved for it.
+
+    Args:
+        limit_bytes: Bytes all the message's downloads may announce together (>= 0).
+        what: What the budget is for, in messages (``"a result of site-1"``).
+    """
+
+    def __init__(self, limit_bytes: int, what: str) -> None:
+        if type(limit_bytes) is not int or limit_bytes < 0:
+            raise ValueError(f"limit_bytes must be an integer >= 0, got {limit_bytes!r}")
+        self.left_bytes = limit_bytes
+        self.limit_bytes = limit_bytes
+        self.what = what
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int, where: str) -> None:
+        """Reserve ``nbytes`` of the budget, or raise `StreamingError` (nothing taken) when it does not fit."""
+        with self._lock:
+            if nbytes > self.left_bytes:
+                raise StreamingError(
+                    f"{where}: the sender announced {nbytes} bytes, more than {self.what} may hold "
+                    f"({self.limit_bytes} bytes in all, {self.left_bytes} left); refused before anything was reserved"
+                )
+            self.left_bytes -= nbytes
+
+
 class DownloadService:
     """Serves this cell's downloadables to the cells that pull them.
 
@@ -175,6 +206,7 @@ def download_tensors(
     per_request_timeout_s: float,
     consumer_factory: ConsumerFactory = MemoryConsumer,
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    budget: ByteBudget | None = None,
 ) -> Any:
     """Pull download ``ref`` from cell ``source`` and return what the consumer builds.
 
@@ -186,6 +218,8 @@ def download_tensors(
         consumer_factory: Makes the consumer from the layout and chunk size; `MemoryConsumer`
             (a dict of tensors) by default, or a `DiskConsumer` for a file.
         max_in_flight: Chunk requests kept outstanding at once.
+        budget: Bytes the stream may announce at most (shared with the message's other
+            downloads); None for no bound beyond the cell's own.
 
     Raises:
         StreamingError: The sender refused, went silent past the per-request timeout, vanished,
@@ -198,6 +232,8 @@ def download_tensors(
             layout = StreamLayout.parse(b"".join(bytes(frame) for frame in info.frames))
         except StreamingError as e:
             raise StreamingError(f"{where}: {e}") from e
+        if budget is not None:
+            budget.take(layout.total_bytes, where)
         return consumer_factory(layout, chunk_bytes)
 
     return _download(cell, source, ref, KIND_TENSORS, consumer_of, per_request_timeout_s, max_in_flight)
@@ -210,6 +246,7 @@ def download_file(
     path: Path,
     per_request_timeout_s: float,
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    budget: ByteBudget | None = None,
 ) -> Path:
     """Pull the file offered as ``ref`` by cell ``source`` into the new file ``path``; return it.
 
@@ -220,6 +257,7 @@ def download_file(
         path: Where to write; it must not exist. Deleted again if the download fails.
         per_request_timeout_s: Longest wait for one request (the info or one chunk), in seconds.
         max_in_flight: Chunk requests kept outstanding at once.
+        budget: As `download_tensors`.
 
     Raises:
         StreamingError: As `download_tensors`, or the sender offers tensors instead of a file.
@@ -229,6 +267,8 @@ def download_file(
         size_bytes = info.header.get("size_bytes")
         if type(size_bytes) is not int or size_bytes < 0:
             raise StreamingError(f"{where}: the sender announced an invalid file size {size_bytes!r}")
+        if budget is not None:
+            budget.take(size_bytes, where)
         return FileConsumer(size_bytes, chunk_bytes, path)
 
     return _download(cell, source, ref, KIND_FILE, consumer_of, per_request_timeout_s, max_in_flight)

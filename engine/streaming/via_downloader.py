@@ -29,7 +29,13 @@ from engine.fobs.arrays import NumpyArrayDecomposer, TensorDecomposer
 from engine.fobs.dtypes import is_supported
 from engine.streaming.consumers import MemoryConsumer
 from engine.streaming.lazy import LazyRef, LazyTensorDict
-from engine.streaming.service import DEFAULT_MAX_IN_FLIGHT, ConsumerFactory, DownloadService, download_tensors
+from engine.streaming.service import (
+    DEFAULT_MAX_IN_FLIGHT,
+    ByteBudget,
+    ConsumerFactory,
+    DownloadService,
+    download_tensors,
+)
 
 #: Key of the `StreamingContext` in ``EncodeContext.props`` / ``DecodeContext.props``.
 STREAMING_PROP = "streaming"
@@ -57,6 +63,10 @@ class StreamingContext:
             one request may take is gone.
         consumer_factory: Where received chunks land (tensors in memory by default).
         max_in_flight: Chunk requests a receiver keeps outstanding at once (>= 1).
+        sender: When receiving one message: the cell it came from, as the cells layer
+            authenticated it. Its references must name that cell as the owner of their data, so
+            a message cannot make the receiver pull from a third cell. None: not checked.
+        budget: When receiving one message: the bytes its downloads may announce together.
     """
 
     cell: Cell
@@ -67,6 +77,8 @@ class StreamingContext:
     transaction_timeout_s: float | None = None  # None: resolved to per_request_timeout_s
     consumer_factory: ConsumerFactory = MemoryConsumer
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    sender: str | None = None
+    budget: ByteBudget | None = None
 
     def __post_init__(self) -> None:
         if self.transaction_timeout_s is None:
@@ -107,6 +119,15 @@ class StreamingContext:
             per_request_timeout_s=_timeout_setting(config, "streaming_per_request_timeout"),
             consumer_factory=consumer_factory,
             max_in_flight=_setting(config, "streaming_max_requests_in_flight", DEFAULT_MAX_IN_FLIGHT, minimum=1),
+        )
+
+
+def check_owner(context: StreamingContext, owner: object, what: str) -> None:
+    """Refuse a reference whose data is not its message's sender's (see `StreamingContext.sender`)."""
+    if context.sender is not None and owner != context.sender:
+        raise SerializationError(
+            f"a message from {context.sender!r} names {owner!r} as the owner of its {what}; refused: a message "
+            "may offer only its sender's own data"
         )
 
 
@@ -167,8 +188,15 @@ class _ViaDownloader(ABC):
             ref, owner = reference["ref"], reference["owner"]
         except (ValueError, KeyError, TypeError) as e:
             raise SerializationError(f"malformed reference to streamed {self.kind}: {e}") from e
+        check_owner(context, owner, self.kind)
         ctx.state[self.kind] = download_tensors(
-            context.cell, owner, ref, context.per_request_timeout_s, context.consumer_factory, context.max_in_flight
+            context.cell,
+            owner,
+            ref,
+            context.per_request_timeout_s,
+            context.consumer_factory,
+            context.max_in_flight,
+            context.budget,
         )
 
     def lookup(self, data: Any, ctx: DecodeContext, as_numpy: bool = False) -> torch.Tensor | LazyRef:

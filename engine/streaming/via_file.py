@@ -18,7 +18,13 @@ from typing import Any, TypeVar
 from engine.errors import FlengineError, SerializationError, StreamingError
 from engine.fobs import DecodeContext, Decomposer, EncodeContext
 from engine.streaming.service import download_file
-from engine.streaming.via_downloader import DEFAULT_CHUNK_BYTES, RECEIVERS_PROP, STREAMING_PROP, StreamingContext
+from engine.streaming.via_downloader import (
+    DEFAULT_CHUNK_BYTES,
+    RECEIVERS_PROP,
+    STREAMING_PROP,
+    StreamingContext,
+    check_owner,
+)
 
 T = TypeVar("T")
 
@@ -106,6 +112,7 @@ class ViaFileDecomposer(Decomposer[T]):
         context = self._context(ctx.props.get(STREAMING_PROP), "received")
         if not isinstance(data, dict) or not isinstance(data.get("ref"), str) or not isinstance(data.get("owner"), str):
             raise SerializationError(f"malformed reference to a file holding {self._type_name()}: {data!r}")
+        check_owner(context, data["owner"], f"file holding {self._type_name()}")
         with tempfile.TemporaryDirectory(prefix="flengine-recv-", dir=self.temp_dir) as folder:
             path = download_file(
                 context.cell,
@@ -114,6 +121,7 @@ class ViaFileDecomposer(Decomposer[T]):
                 Path(folder) / FILE_NAME,
                 context.per_request_timeout_s,
                 context.max_in_flight,
+                context.budget,
             )
             return self.load_from_file(path)
 

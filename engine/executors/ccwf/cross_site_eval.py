@@ -113,7 +113,7 @@ class CrossSiteEvalClientController(ClientSideController):
             {MODEL_NAME_KEY: model_name},
             timeout_s=self.get_model_timeout,
         )
-        model = self.codec.decode(list(reply.frames))
+        model = self.codec.decode(list(reply.frames), sender=reply.source)
         if not isinstance(model, Shareable):
             raise TypeError(f"expected a Shareable, got {type(model).__name__}")
         return model

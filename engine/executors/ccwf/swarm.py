@@ -362,13 +362,13 @@ class SwarmClientController(ClientSideController):
             return Reply(header={})
         frames = list(message.frames)
         assert self._pulls is not None
-        self._pulls.submit(self._pull, entry, site, frames)
+        self._pulls.submit(self._pull, entry, site, frames, message.source)
         return Reply(header={})
 
-    def _pull(self, entry: RoundGathering, site: str, frames: list[Any]) -> None:
+    def _pull(self, entry: RoundGathering, site: str, frames: list[Any], sender: str) -> None:
         result = None
         try:
-            result = self.codec.decode(frames)
+            result = self.codec.decode(frames, sender=sender)
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
             entry.take(site, result, self.aggregator)
@@ -453,7 +453,7 @@ class SwarmClientController(ClientSideController):
         self.persistor.flush()
 
     def _on_final(self, message: Message) -> Reply:
-        data = self.codec.decode(list(message.frames))
+        data = self.codec.decode(list(message.frames), sender=message.source)
         try:
             model = model_from_shareable(data)
             self.persistor.save_model(dataclasses.replace(model, params=in_memory(model.params or {})))

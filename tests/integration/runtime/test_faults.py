@@ -87,7 +87,7 @@ def test_a_task_timeout_ends_the_round_and_the_late_result_is_ignored(simulate, 
     assert summary["rounds"][0]["failed"]["site-2"].startswith("TIMEOUT")
     assert summary["rounds"][1]["clients"] == ["site-1", "site-2"]
     server_log = (tmp_path / "workspace" / "server" / "log.txt").read_text()
-    assert "late result" in server_log
+    assert "result of site-2 for task 'train' not taken: LATE" in server_log  # and never pulled
 
 
 def test_ctrl_c_stops_every_process_and_records_aborted(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from engine.cells import CellSettings, Message, Reply
 from engine.config import job_code_on_path
+from engine.errors import CellRemoteError
 from engine.model import FLModel, Shareable
 from engine.model.convert import model_from_shareable, shareable_from_model
 from engine.runtime import protocol
@@ -270,3 +271,43 @@ def test_a_client_carries_on_when_the_server_restarts(
 
 def _text(path: Path) -> str:
     return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def test_results_the_server_did_not_ask_for_are_refused_before_a_byte_is_pulled(
+    tmp_path: Path, keys: dict[str, Path], no_leftovers: None
+) -> None:
+    job = make_bench_job(tmp_path, num_rounds=1, min_clients=1, layers=1, width=8)
+    workspace = tmp_path / "workspace"
+    server = start_process("server", job, workspace, keys, "--clients", "site-1,site-2")
+    clients = []
+    try:
+        endpoint = wait_endpoint(server)
+        clients = [HandDrivenClient(site, endpoint, keys[site]) for site in SITES]
+        for client in clients:
+            assert client.ask().header["state"] == protocol.STATE_WAIT
+        tasks = [client.next_task() for client in clients]
+        huge = shareable_from_model(FLModel(params={"w": torch.ones(8 << 20)}, meta={"NUM_STEPS_CURRENT_ROUND": 1}))
+        outcomes = {
+            "site-2 answers site-1's task": clients[1].submit(tasks[0][0], bench_result(tasks[0][1], 2)),
+            "a task never given": clients[0].submit({**tasks[0][0], "task_id": "no-such-task"}, huge),
+        }
+        with pytest.raises(
+            CellRemoteError,
+            match=r"announced \d+ bytes, more than a result of site-1 \(at most 2 x the 288 bytes it was sent\) may hold",
+        ):
+            clients[0].submit(tasks[0][0], huge)
+        pulled = [client.endpoint.chunks_served for client in clients]
+        outcomes["honest"] = [clients[k].submit(tasks[k][0], bench_result(tasks[k][1], k + 1)) for k in (0, 1)]
+    finally:
+        for client in clients:
+            client.close()
+        code = finish(server)
+
+    assert outcomes == {
+        "site-2 answers site-1's task": "LATE",
+        "a task never given": "LATE",
+        "honest": ["LATE", "ACCEPTED"],  # site-1's task failed with its refused result; the round goes on
+    }
+    assert pulled == [0, 0]
+    assert code == 0
+    assert read_json(workspace / "server" / "result.json")["state"] == "FINISHED_COMPLETED"

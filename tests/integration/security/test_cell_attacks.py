@@ -14,7 +14,7 @@ import zmq
 from engine.cells import CellSettings, Message, Reply, Status
 from engine.cells.envelope import Envelope, decode_envelope, encode_envelope
 from engine.cells.protocol import Kind
-from engine.errors import StreamingError
+from engine.errors import SerializationError, StreamingError
 from engine.security import load_secret_key, write_key_pair, write_site_key_folders
 from engine.site import SiteEndpoint, SiteSettings
 from engine.streaming.service import CHANNEL, TOPIC_CHUNK, TOPIC_INFO, download_tensors
@@ -191,3 +191,26 @@ def test_a_replayed_tampered_or_truncated_frame_drops_that_connection_only(trust
     # The forged frame never reached a handler; at most the genuine one did, once.
     assert len(seen) <= 1 and all(dict(m.header) == {"n": 1} for m in seen)
     trust.honest_site_is_served()
+
+
+def test_a_message_can_only_offer_its_senders_own_data(trust: Trust) -> None:
+    site1, site2 = trust.open("site-1"), trust.open("site-2")
+    assert site1.cell.wait_connected(WAIT_S) and site2.cell.wait_connected(WAIT_S)
+    frames = site2.codec.encode({"w": torch.ones(4096)}, receivers=["server"])  # owner: site-2
+
+    with pytest.raises(SerializationError, match="a message from 'site-1' names 'site-2' as the owner"):
+        trust.server.codec.decode(frames, sender="site-1")  # as if site-1 had sent site-2's reference
+
+    assert site2.chunks_served == 0  # refused before anything was asked of site-2
+    assert torch.equal(trust.server.codec.decode(frames, sender="site-2")["w"], torch.ones(4096))
+
+
+def test_a_stream_larger_than_the_receiver_expects_is_refused_before_anything_is_reserved(trust: Trust) -> None:
+    site1 = trust.open("site-1")
+    assert site1.cell.wait_connected(WAIT_S)
+    frames = site1.codec.encode({"w": torch.ones(1 << 20)}, receivers=["server"])  # 4 MiB
+
+    with pytest.raises(StreamingError, match=r"announced \d+ bytes, more than a result of site-1 may hold"):
+        trust.server.codec.decode(frames, sender="site-1", max_bytes=1 << 20, what="a result of site-1")
+
+    assert site1.chunks_served == 0

@@ -47,12 +47,39 @@ def test_pool_runs_jobs_in_parallel_and_survives_a_failing_job() -> None:
     barrier = threading.Barrier(2, timeout=5)
     done = threading.Event()
 
-    pool.submit(lambda: 1 / 0)
-    pool.submit(barrier.wait)
-    pool.submit(lambda: (barrier.wait(), done.set()))
+    pool.submit(lambda: 1 / 0, "site-1")
+    pool.submit(barrier.wait, "site-1")
+    pool.submit(lambda: (barrier.wait(), done.set()), "site-2")
 
     assert done.wait(5)
     assert pool.stop(time.monotonic() + 5) == 0
+
+
+def test_a_peer_that_floods_the_pool_with_slow_jobs_leaves_threads_to_the_others() -> None:
+    pool = HandlerPool(4, "test")  # two threads per peer at most
+    pool.start()
+    release = threading.Event()
+    served = threading.Event()
+    for _ in range(20):
+        assert pool.submit(lambda: release.wait(10), "flooder")
+
+    pool.submit(served.set, "honest")
+
+    assert served.wait(5), "the honest peer waited behind the flooder"
+    assert pool.running("flooder") == 2
+    release.set()
+    assert pool.stop(time.monotonic() + 5) == 0
+
+
+def test_a_peer_may_queue_only_so_many_jobs() -> None:
+    pool = HandlerPool(1, "test", queued_per_peer=3)
+    release = threading.Event()
+
+    accepted = [pool.submit(lambda: release.wait(5), "flooder") for _ in range(5)]
+
+    assert accepted == [True, True, True, False, False]
+    assert pool.submit(lambda: None, "other")
+    pool.stop(time.monotonic())
 
 
 def test_pool_stop_is_bounded_by_a_stuck_job() -> None:

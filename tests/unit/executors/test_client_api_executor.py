@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 import threading
@@ -24,6 +25,7 @@ from engine.model import (
     model_from_shareable,
     shareable_from_model,
 )
+from engine.paths import PathOutsideError
 
 #: Adds 1 to every param, reports the round and its argv; writes is_running() once the run ends.
 ECHO_SCRIPT = """
@@ -322,3 +324,19 @@ def test_subprocess_mode_runs_the_script_as_a_process(make_executor: MakeExecuto
     assert model.params == {"w": 2.0}
     assert model.metrics == {"round": 1, "task": "train"}
     assert (tmp_path / "ended.txt").read_text() == "False"  # the script saw the run end
+
+
+@pytest.mark.parametrize(
+    "script", ["../outside.py", "/etc/hostname", "link.py"], ids=["dot-dot", "absolute", "symlink-out"]
+)
+def test_a_script_outside_the_custom_folder_is_refused(context: ExecutorContext, tmp_path: Path, script: str) -> None:
+    outside = tmp_path.parent / "outside.py"
+    outside.write_text("print('not the job')\n")
+    (tmp_path / "link.py").symlink_to(outside)
+    executor = ClientAPIExecutor(task_script_path=script)
+
+    with pytest.raises(
+        PathOutsideError,
+        match=rf"task_script_path: '{re.escape(script)}' leads to .*, outside the app's custom/ folder",
+    ):
+        executor.initialize(context)
