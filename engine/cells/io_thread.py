@@ -236,8 +236,8 @@ class IoThread:
         while zap.getsockopt(_EVENTS) & _POLLIN:
             try:
                 request = zap.recv_multipart(_NOBLOCK)
-                zap.send_multipart(self._zap.answer(request))
-            except zmq.ZMQError as e:
+                zap.send_multipart(self._zap.answer(request), _NOBLOCK)
+            except Exception as e:  # never into the loop; ZeroMQ refuses a connection left unanswered
                 logger.warning("ZAP request not answered: cell=%s error=%s", self._core.fqcn, e)
                 return
 
@@ -258,7 +258,7 @@ class IoThread:
             now_s = time.monotonic()
             if authenticated:
                 # The identity ZAP gave this connection's key, stamped by ZeroMQ on each message.
-                identity = frames[-1].get("User-Id")
+                identity = _identity_of(frames[-1])
                 self._guarded(self._core.on_frames, frames[0].bytes, frames[1:], now_s, identity)
             elif server:
                 self._guarded(self._core.on_frames, frames[0].bytes, frames[1:], now_s)
@@ -344,6 +344,14 @@ class IoThread:
             sock.close(linger=_ms(linger_s))
         context.term()
         logger.debug("cell sockets closed: cell=%s", self._core.fqcn)
+
+
+def _identity_of(frame: Any) -> str | None:
+    """The identity ZAP gave the connection a frame came on (None if ZeroMQ has none for it)."""
+    try:
+        return frame.get("User-Id")
+    except (zmq.ZMQError, AttributeError, UnicodeDecodeError):
+        return None
 
 
 def _handshake_failure(event: dict[str, Any]) -> str:

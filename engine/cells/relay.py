@@ -64,9 +64,16 @@ class RelayTable:
             self._deadlines = [(r.deadline_s, r.source, r.msg_id) for r in self._entries.values()]
             heapq.heapify(self._deadlines)
 
-    def complete(self, requester: str, msg_id: int) -> RelayedRequest | None:
-        """Forget a request whose reply is being forwarded back to ``requester``."""
-        return self._entries.pop((requester, msg_id), None)
+    def complete(self, requester: str, msg_id: int, replier: str | None = None) -> RelayedRequest | None:
+        """Forget a request whose reply is being forwarded back to ``requester``.
+
+        With ``replier``, only when the request was forwarded to that cell: a reply from anyone
+        else (a peer that guesses another's message id) leaves the entry alone.
+        """
+        entry = self._entries.get((requester, msg_id))
+        if entry is None or (replier is not None and entry.target != replier):
+            return None
+        return self._entries.pop((requester, msg_id))
 
     def drop_target(self, target: str) -> list[RelayedRequest]:
         """Remove and return the requests forwarded to a cell that went away."""

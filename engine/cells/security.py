@@ -41,7 +41,9 @@ def check_key(key: object, what: str) -> bytes:
     if isinstance(key, str):
         key = key.encode("ascii", "replace")
     if not isinstance(key, bytes) or len(key) != _Z85_KEY_CHARS:
-        raise ValueError(f"{what}: expected a CURVE key of {_Z85_KEY_CHARS} Z85 characters, got {key!r:.60}")
+        # The value is never shown: it may be a secret key with a typo.
+        size = f"{len(key)} characters" if isinstance(key, bytes) else f"a {type(key).__name__}"
+        raise ValueError(f"{what}: expected a CURVE key of {_Z85_KEY_CHARS} Z85 characters, got {size}")
     try:
         zmq.utils.z85.decode(key)
     except (ValueError, KeyError, IndexError) as e:

@@ -200,7 +200,7 @@ class ServerCore(CellCore):
                 envelope.timeout_ms / 1000,
             )
         elif envelope.kind is Kind.REPLY and envelope.reply_to is not None:
-            self._relay.complete(envelope.target, envelope.reply_to)
+            self._relay.complete(envelope.target, envelope.reply_to, replier=envelope.source)
         return [Send(peer.routing_id, frames, envelope, relayed=True)]
 
     def _forget_peer(self, fqcn: str, reason: str) -> list[Action]:

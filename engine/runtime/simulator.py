@@ -163,11 +163,12 @@ class _Run:
         self.printer.line(f"job {self.job.name}: {len(self.clients)} clients, workspace {self.folder}")
         if self.insecure:
             self.printer.line(INSECURE_WARNING)
-        else:
-            self.keys = write_site_key_folders(self.folder / KEYS_FOLDER, "server", self.clients)
         state, reason = JobState.FINISHED_EXECUTION_EXCEPTION, ""
         interrupted = False
         try:
+            if not self.insecure:  # removed in the finally below, whatever happens
+                (self.folder / KEYS_FOLDER).mkdir(mode=0o700)
+                self.keys = write_site_key_folders(self.folder / KEYS_FOLDER, "server", self.clients)
             state, reason = self._supervise()
         except _ServerFailed as e:
             state, reason = JobState.FINISHED_EXECUTION_EXCEPTION, str(e)

@@ -83,19 +83,32 @@ def load_secret_key(path: Path) -> tuple[bytes, bytes]:
         SecurityError: Missing, unreadable or malformed file, or one the group or others may
             read (named, with the ``chmod`` that fixes it).
     """
+    # Opened once, not through a symlink, and checked on the open file: what is checked is
+    # what is read.
     try:
-        mode = path.stat().st_mode
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as e:
         raise SecurityError(f"{path}: cannot read the secret key file: {e.strerror or e}") from e
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise SecurityError(
-            f"{path}: the secret key file may be read by others (mode {stat.S_IMODE(mode):04o}); run `chmod 600 {path}`"
-        )
-    fields = _read_certificate(path)
+    with os.fdopen(descriptor, "rb") as source:
+        info = os.fstat(source.fileno())
+        mode = info.st_mode
+        if not stat.S_ISREG(mode):
+            raise SecurityError(f"{path}: the secret key file is not a regular file")
+        if info.st_uid != os.getuid():
+            raise SecurityError(f"{path}: the secret key file belongs to another user (uid {info.st_uid})")
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise SecurityError(
+                f"{path}: the secret key file may be read by others (mode {stat.S_IMODE(mode):04o}); "
+                f"run `chmod 600 {path}`"
+            )
+        fields = _parse_certificate(source.read(_MAX_KEY_FILE_BYTES + 1), path)
     for field in ("public-key", "secret-key"):
         if field not in fields:
             raise SecurityError(f"{path}: no {field} in this secret key file")
-    return _key(fields["public-key"], path, "public-key"), _key(fields["secret-key"], path, "secret-key")
+    public, secret = _key(fields["public-key"], path, "public-key"), _key(fields["secret-key"], path, "secret-key")
+    if zmq.curve_public(secret) != public:
+        raise SecurityError(f"{path}: the public key in this file does not belong to its secret key")
+    return public, secret
 
 
 def load_allowlist(folder: Path) -> Allowlist:
@@ -204,6 +217,10 @@ def _read_certificate(path: Path) -> dict[str, str]:
             raw = source.read(_MAX_KEY_FILE_BYTES + 1)
     except OSError as e:
         raise SecurityError(f"{path}: cannot read the key file: {e.strerror or e}") from e
+    return _parse_certificate(raw, path)
+
+
+def _parse_certificate(raw: bytes, path: Path) -> dict[str, str]:
     if len(raw) > _MAX_KEY_FILE_BYTES:
         raise SecurityError(f"{path}: not a key file (larger than {_MAX_KEY_FILE_BYTES} bytes)")
     try:

@@ -61,8 +61,24 @@ class ByteBudget:
         self.what = what
         self._lock = threading.Lock()
 
-    def take(self, nbytes: int, where: str) -> None:
-        """Reserve ``nbytes`` of the budget, or raise `StreamingError` (nothing taken) when it does not fit."""
+    #: The smallest chunk a sender may cut a budgeted stream into (tiny chunks would turn one
+    #: result into millions of requests and bookkeeping entries).
+    min_chunk_bytes = 4096
+
+    def take(self, nbytes: int, where: str, chunk_bytes: int | None = None) -> None:
+        """Reserve ``nbytes`` of the budget, or raise `StreamingError` (nothing taken) when it does not fit.
+
+        Args:
+            nbytes: Bytes the stream announces.
+            where: The download, for the message.
+            chunk_bytes: The stream's chunk size; one below `min_chunk_bytes` is refused for a
+                stream larger than one chunk.
+        """
+        if chunk_bytes is not None and chunk_bytes < self.min_chunk_bytes and nbytes > chunk_bytes:
+            raise StreamingError(
+                f"{where}: the sender cut {nbytes} bytes into chunks of {chunk_bytes} bytes; "
+                f"{self.what} must come in chunks of at least {self.min_chunk_bytes} bytes"
+            )
         with self._lock:
             if nbytes > self.left_bytes:
                 raise StreamingError(
@@ -233,7 +249,7 @@ def download_tensors(
         except StreamingError as e:
             raise StreamingError(f"{where}: {e}") from e
         if budget is not None:
-            budget.take(layout.total_bytes, where)
+            budget.take(layout.total_bytes, where, chunk_bytes)
         return consumer_factory(layout, chunk_bytes)
 
     return _download(cell, source, ref, KIND_TENSORS, consumer_of, per_request_timeout_s, max_in_flight)
@@ -268,7 +284,7 @@ def download_file(
         if type(size_bytes) is not int or size_bytes < 0:
             raise StreamingError(f"{where}: the sender announced an invalid file size {size_bytes!r}")
         if budget is not None:
-            budget.take(size_bytes, where)
+            budget.take(size_bytes, where, chunk_bytes)
         return FileConsumer(size_bytes, chunk_bytes, path)
 
     return _download(cell, source, ref, KIND_FILE, consumer_of, per_request_timeout_s, max_in_flight)

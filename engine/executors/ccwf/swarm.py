@@ -249,34 +249,38 @@ class SwarmClientController(ClientSideController):
 
     def _on_learn(self, message: Message) -> Reply:
         header = dict(message.header)
-        self._accept_learn(header, list(message.frames), [])
+        self._accept_learn(header, list(message.frames), [], sender=message.source)
         return Reply(header={})
 
-    def _accept_learn(self, header: dict[str, Any], payload: Any, served: list[str]) -> None:
-        """Queue the round's model for the learner; ``served``: offers of it that peers are pulling."""
+    def _accept_learn(self, header: dict[str, Any], payload: Any, served: list[str], sender: str | None = None) -> None:
+        """Queue the round's model for the learner; ``served``: offers of it that peers are pulling.
+
+        ``sender``: the cell that sent frames (its references must be its own data); None for a
+        model this client made itself.
+        """
         current_round = int(header["round"])
         if header["aggr"] == self.site:
             self._round(current_round, list(header["trainers"]))
-        self._inbox.put((header, payload, served))
+        self._inbox.put((header, payload, served, sender))
 
     def _learn_loop(self) -> None:
         while not self.stopped.is_set():
             try:
-                header, payload, served = self._inbox.get(timeout=0.2)
+                header, payload, served, sender = self._inbox.get(timeout=0.2)
             except queue.Empty:
                 continue
             try:
-                self._learn(header, payload, served)
+                self._learn(header, payload, served, sender)
             except Exception as e:
                 log.exception("round %s failed on %s", header.get("round"), self.site)
                 self.update_status(error=f"round {header.get('round')} on {self.site}: {type(e).__name__}: {e}")
             del payload
 
-    def _learn(self, header: dict[str, Any], payload: Any, served: list[str]) -> None:
+    def _learn(self, header: dict[str, Any], payload: Any, served: list[str], sender: str | None = None) -> None:
         current_round, aggr = int(header["round"]), str(header["aggr"])
         trains = self.site in header["trainers"]
         self.update_status(round=current_round, phase="receiving")
-        data = payload if isinstance(payload, Shareable) else self.codec.decode(payload)
+        data = payload if isinstance(payload, Shareable) else self.codec.decode(payload, sender=sender)
         del payload
         if trains and served:
             data = self._train_after_peers(data, served)

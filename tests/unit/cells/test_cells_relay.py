@@ -13,6 +13,14 @@ def test_complete_forgets_the_request() -> None:
     assert relay.complete("site-1", 7) is None and len(relay) == 0
 
 
+def test_a_reply_from_a_cell_the_request_did_not_go_to_leaves_it_waiting() -> None:
+    relay = RelayTable()
+    relay.add("site-1", 7, "site-2", "c", "t", now_s=0.0, timeout_s=10.0)
+
+    assert relay.complete("site-1", 7, replier="site-3") is None  # a guess at site-1's message id
+    assert relay.complete("site-1", 7, replier="site-2").target == "site-2"
+
+
 def test_drop_target_returns_what_must_be_answered() -> None:
     relay = RelayTable()
     relay.add("site-1", 7, "site-2", "c", "t", now_s=0.0, timeout_s=10.0)

@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
+import zmq
 import zmq.auth
 
 from engine.errors import SecurityError
@@ -100,3 +101,36 @@ def test_site_key_folders_give_each_cell_what_it_needs(tmp_path: Path) -> None:
     assert site.server_public_key == server.public_key
     assert not (folders["site-1"] / "server.key_secret").exists()
     assert sorted(p.name for p in folders["site-2"].iterdir()) == ["server.key", "site-2.key", "site-2.key_secret"]
+
+
+def test_a_secret_key_behind_a_symlink_is_refused(tmp_path: Path) -> None:
+    write_key_pair(tmp_path / "real", "site-1")
+    (tmp_path / "link.key_secret").symlink_to(tmp_path / "real" / "site-1.key_secret")
+
+    with pytest.raises(SecurityError, match="link.key_secret: cannot read the secret key file"):
+        load_secret_key(tmp_path / "link.key_secret")
+
+
+def test_a_secret_file_whose_public_key_is_not_its_own_is_refused(tmp_path: Path) -> None:
+    public, _ = write_key_pair(tmp_path, "site-1")
+    other_public, _ = write_key_pair(tmp_path, "site-2")
+    secret_file = tmp_path / "site-1.key_secret"
+    os.chmod(secret_file, 0o600)
+    secret_file.write_text(secret_file.read_text().replace(public.decode(), other_public.decode()))
+
+    with pytest.raises(SecurityError, match="the public key in this file does not belong to its secret key"):
+        load_secret_key(secret_file)
+
+
+def test_a_malformed_key_is_never_echoed(tmp_path: Path) -> None:
+    public, _ = zmq.curve_keypair()
+    path = tmp_path / "site-1.key_secret"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    text = f'curve\n    public-key = "{public.decode()}"\n    secret-key = "SECRET-WITH-A-TYPO-0123456789abcdefghijk"\n'
+    os.write(fd, text.encode())
+    os.close(fd)
+
+    with pytest.raises(SecurityError) as caught:
+        load_secret_key(path)
+
+    assert "SECRET-WITH-A-TYPO" not in str(caught.value)

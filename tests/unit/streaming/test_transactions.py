@@ -12,6 +12,7 @@ import torch
 from engine.errors import StreamingError
 from engine.streaming.downloadable import FileDownloadable, TensorDownloadable
 from engine.streaming.layout import StreamLayout
+from engine.streaming.service import ByteBudget
 from engine.streaming.transactions import DownloadRefused, DownloadRegistry
 
 
@@ -180,3 +181,26 @@ def test_wait_finished_gives_up_on_receivers_that_stopped_pulling() -> None:
     stop.set()
     assert registry.wait_finished([ref], idle_limit_s=100.0, stop=stop) is False
     assert registry.wait_finished(["gone"], idle_limit_s=1.0) is True
+
+
+def test_a_byte_budget_is_shared_and_refuses_before_taking() -> None:
+    budget = ByteBudget(100, "a result of site-1")
+
+    budget.take(60, "download a", chunk_bytes=4096)
+    with pytest.raises(
+        StreamingError, match=r"download b: the sender announced 50 bytes, more than a result of site-1"
+    ):
+        budget.take(50, "download b", chunk_bytes=4096)
+    budget.take(40, "download c", chunk_bytes=4096)
+
+    assert budget.left_bytes == 0
+
+
+def test_a_byte_budget_refuses_tiny_chunks() -> None:
+    budget = ByteBudget(1 << 20, "a result of site-1")
+
+    with pytest.raises(StreamingError, match="must come in chunks of at least 4096 bytes"):
+        budget.take(1 << 20, "download a", chunk_bytes=1)
+
+    budget.take(100, "download b", chunk_bytes=100)  # one chunk: nothing to cut
+    assert budget.left_bytes == (1 << 20) - 100
