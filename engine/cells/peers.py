@@ -76,6 +76,10 @@ class PeerTable:
         """Return the peer registered under ``fqcn``, or None."""
         return self._by_fqcn.get(fqcn)
 
+    def count_of(self, credential: str) -> int:
+        """How many registered cells authenticated as ``credential``."""
+        return sum(1 for peer in self._by_fqcn.values() if peer.credential == credential)
+
     def fqcn_of(self, routing_id: bytes) -> str | None:
         """Return the FQCN registered on a connection, or None if it never said hello."""
         return self._by_routing_id.get(routing_id)

@@ -19,6 +19,10 @@ MAX_HEADER_BYTES = 1 << 20
 MAX_FQCN_CHARS = 255
 """Longest fully qualified cell name accepted."""
 
+MAX_CELLS_PER_IDENTITY = 64
+"""Most cell names one authenticated identity may have registered with a server at once (its
+own and its children's): a site cannot fill the server's peer table by inventing child names."""
+
 ANY_TOPIC = "*"
 """Topic that registers a handler for every topic of its channel not registered exactly."""
 

@@ -26,7 +26,7 @@ from engine.cells.envelope import Envelope, encode_envelope
 from engine.cells.handlers import HandlerRegistry
 from engine.cells.peers import PeerTable, Registration
 from engine.cells.pending import PendingRequests
-from engine.cells.protocol import Kind, Status
+from engine.cells.protocol import MAX_CELLS_PER_IDENTITY, Kind, Status
 from engine.cells.relay import RelayTable
 from engine.cells.security import name_owned_by
 from engine.cells.settings import CellSettings
@@ -165,6 +165,16 @@ class ServerCore(CellCore):
 
     def _on_hello(self, routing_id: bytes, envelope: Envelope, now_s: float, identity: str | None) -> list[Action]:
         name = envelope.source
+        if (
+            identity is not None
+            and name not in self._peers
+            and self._peers.count_of(identity) >= MAX_CELLS_PER_IDENTITY
+        ):
+            self.count("refused_hellos")
+            why = f"{self.fqcn}: {identity} has {MAX_CELLS_PER_IDENTITY} cells registered already; {name!r} refused"
+            ack = Envelope(Kind.HELLO_ACK, self._next_id(), self.fqcn, name,
+                           reply_to=envelope.msg_id, status=Status.ERROR, reason=why)  # fmt: skip
+            return [Send(routing_id, [encode_envelope(ack)], ack)]
         outcome = Registration.REFUSED if name == self.fqcn else self._peers.register(name, routing_id, now_s, identity)
         actions: list[Action] = []
         status, reason = Status.OK, ""

@@ -14,7 +14,7 @@ from engine.cells.envelope import Envelope, decode_envelope, encode_envelope
 from engine.cells.handlers import HandlerRegistry
 from engine.cells.message import Reply
 from engine.cells.pending import PendingRequests
-from engine.cells.protocol import Kind, Status
+from engine.cells.protocol import MAX_CELLS_PER_IDENTITY, Kind, Status
 from engine.cells.security import ZAP_DOMAIN, Allowlist, CellSecurity, ZapHandler, name_owned_by
 from engine.cells.server_core import ServerCore
 from engine.cells.settings import CellSettings
@@ -175,3 +175,16 @@ def test_a_second_connection_of_the_same_identity_replaces_the_first() -> None:
 
     assert core._peers.get("site-1").routing_id == b"new"  # noqa: SLF001
     assert stale[0].status is Status.ERROR and "connection is not registered" in stale[0].reason
+
+
+def test_one_identity_may_register_only_so_many_cells() -> None:
+    core = secure_server()
+    acks = [
+        answers(core.on_frames(f"c{i}".encode(), frames_of(Kind.HELLO, f"site-1.job{i}"), 0.0, "site-1"))[0]
+        for i in range(MAX_CELLS_PER_IDENTITY + 1)
+    ]
+
+    assert [a.status for a in acks[:-1]] == [Status.OK] * MAX_CELLS_PER_IDENTITY
+    assert acks[-1].status is Status.ERROR and "cells registered already" in acks[-1].reason
+    other = answers(core.on_frames(b"x", frames_of(Kind.HELLO, "site-2"), 0.0, "site-2"))
+    assert other[0].status is Status.OK  # another site is not affected
