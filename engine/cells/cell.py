@@ -20,13 +20,13 @@ from typing import Any
 
 from engine.cells.client_core import ClientCore
 from engine.cells.core import Dispatch
-from engine.cells.dispatch import run_handler
+from engine.cells.dispatch import InlineHandler, always_inline, run_handler
 from engine.cells.envelope import Envelope, encode_envelope
 from engine.cells.fqcn import check_fqcn
 from engine.cells.framing import frame_message
 from engine.cells.handlers import Handler, HandlerRegistry
 from engine.cells.io_thread import IoThread
-from engine.cells.message import Message, Reply
+from engine.cells.message import Message
 from engine.cells.outbox import Outbox
 from engine.cells.pending import PendingRequests, ReplyFuture
 from engine.cells.pool import HandlerPool
@@ -262,9 +262,9 @@ class Cell:
             ValueError: If the pair already has a handler, or a name is empty.
         """
         if callable(inline):
-            handler = _InlineHandler(handler, inline)
+            handler = InlineHandler(handler, inline)
         elif inline:
-            handler = _InlineHandler(handler, _always)
+            handler = InlineHandler(handler, always_inline)
         self._handlers.register(channel, topic, handler)
 
     def unregister_handler(self, channel: str, topic: str) -> None:
@@ -452,7 +452,7 @@ class Cell:
 
     def _dispatch(self, action: Dispatch) -> None:
         """Called on the I/O thread: run an inline handler here, hand any other to the pool."""
-        if isinstance(action.handler, _InlineHandler):
+        if isinstance(action.handler, InlineHandler):
             if action.handler.runs_inline(action.message):
                 self._run_handler(action)
                 return
@@ -486,29 +486,3 @@ class Cell:
             self._io.send_now(*reply)
         else:
             self._outbox.put(reply)
-
-
-class _InlineHandler:
-    """Marks a handler registered with ``inline``: the I/O thread runs it itself when ``runs_inline`` says so."""
-
-    def __init__(self, handler: Handler, runs_inline: Callable[[Message], bool]) -> None:
-        for name, value in (("handler", handler), ("inline", runs_inline)):
-            if not callable(value):
-                raise TypeError(f"{name} {value!r} is not callable")
-        self.handler = handler
-        self._runs_inline = runs_inline
-
-    def runs_inline(self, message: Message) -> bool:
-        """Whether to run on the I/O thread; a predicate that raises sends the message to the pool."""
-        try:
-            return bool(self._runs_inline(message))
-        except Exception:
-            logger.exception("inline predicate raised; running the handler on the pool: topic=%s", message.topic)
-            return False
-
-    def __call__(self, message: Message) -> Reply | None:
-        return self.handler(message)
-
-
-def _always(message: Message) -> bool:
-    return True

@@ -1,4 +1,4 @@
-"""Running one handler on a pool thread and turning its outcome into the reply to send."""
+"""Running one handler, on a pool thread or inline on the I/O thread, and turning its outcome into its reply."""
 
 from __future__ import annotations
 
@@ -66,3 +66,30 @@ def run_handler(
         logger.error("handler reply refused: cell=%s %s error=%s", me, where, e)
         failure = request.reply(next_id(), Status.ERROR, f"{me}: reply of handler for {where} refused: {e}")
         return failure, [encode_envelope(failure)]
+
+
+class InlineHandler:
+    """Marks a handler registered with ``inline``: the I/O thread runs it itself when ``runs_inline`` says so."""
+
+    def __init__(self, handler: Handler, runs_inline: Callable[[Message], bool]) -> None:
+        for name, value in (("handler", handler), ("inline", runs_inline)):
+            if not callable(value):
+                raise TypeError(f"{name} {value!r} is not callable")
+        self.handler = handler
+        self._runs_inline = runs_inline
+
+    def runs_inline(self, message: Message) -> bool:
+        """Whether to run on the I/O thread; a predicate that raises sends the message to the pool."""
+        try:
+            return bool(self._runs_inline(message))
+        except Exception:
+            logger.exception("inline predicate raised; running the handler on the pool: topic=%s", message.topic)
+            return False
+
+    def __call__(self, message: Message) -> Reply | None:
+        return self.handler(message)
+
+
+def always_inline(message: Message) -> bool:
+    """The predicate of a handler registered with ``inline=True``: every message runs inline."""
+    return True

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +22,14 @@ from engine.errors import CellRemoteError
 from engine.model import FLModel, Shareable
 from engine.model.convert import model_from_shareable, shareable_from_model
 from engine.runtime import protocol
-from engine.security import write_site_key_folders
 from engine.site import SiteEndpoint, SiteSettings
-from tests.integration.runtime.conftest import processes_mentioning, read_json
+from tests.integration.conftest import KEYED_SITES
+from tests.integration.runtime.conftest import read_json
 from tests.integration.runtime.jobkit import make_bench_job
 
 STARTUP_S = 60.0
-SITES = ["site-1", "site-2"]
+SITES = KEYED_SITES
 FAST = CellSettings(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0)
-
-
-@pytest.fixture
-def keys(tmp_path: Path) -> dict[str, Path]:
-    """Keys folders of the server and both sites, as the simulator writes them."""
-    return write_site_key_folders(tmp_path / "keys", "server", SITES)
 
 
 def start_process(
@@ -69,15 +62,6 @@ def finish(process: subprocess.Popen[str], timeout_s: float = 60.0) -> int:
         process.communicate()
         raise
     return process.returncode
-
-
-@pytest.fixture
-def no_leftovers(tmp_path: Path) -> Iterator[None]:
-    yield
-    leftovers = processes_mentioning(str(tmp_path))
-    for line in leftovers:
-        subprocess.run(["kill", "-9", line.split(":", 1)[0]], check=False)
-    assert leftovers == []
 
 
 class HandDrivenClient:

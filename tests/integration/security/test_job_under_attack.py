@@ -14,34 +14,22 @@ import torch
 import zmq
 from safetensors.torch import load_file
 
-from engine.cells import CellSettings
 from engine.cells.envelope import Envelope, encode_envelope
 from engine.cells.protocol import Kind
 from engine.config import job_code_on_path
 from engine.runtime import protocol
-from engine.security import write_key_pair, write_public_key, write_site_key_folders
+from engine.security import write_key_pair, write_public_key
 from engine.site import SiteEndpoint, SiteSettings
-from tests.integration.runtime.conftest import processes_mentioning, read_json
+from tests.integration.runtime.conftest import read_json
 from tests.integration.runtime.jobkit import expected_delta, make_bench_job
-from tests.integration.runtime.test_server_process import finish, start_process, wait_endpoint
+from tests.integration.runtime.test_server_process import FAST, SITES, finish, start_process, wait_endpoint
 
-SITES = ["site-1", "site-2"]
-FAST = CellSettings(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0)
 REFUSAL_S = 3.0
 
 
-@pytest.fixture
-def keys(tmp_path: Path) -> dict[str, Path]:
-    return write_site_key_folders(tmp_path / "keys", "server", SITES)
-
-
 @pytest.fixture(autouse=True)
-def no_leftovers(tmp_path: Path):
-    yield
-    leftovers = processes_mentioning(str(tmp_path))
-    for line in leftovers:
-        subprocess.run(["kill", "-9", line.split(":", 1)[0]], check=False)
-    assert leftovers == []
+def _no_process_left(no_leftovers: None) -> None:
+    """Every test here starts real processes: none may outlive it."""
 
 
 def attack(address: str, keys: dict[str, Path], tmp_path: Path) -> dict[str, object]:
