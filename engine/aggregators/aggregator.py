@@ -101,11 +101,32 @@ def _is_weight(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
-def local_steps(meta: dict[str, Any], contributor: str) -> float:
-    """The contributor's ``NUM_STEPS_CURRENT_ROUND`` meta as a weight; 1.0 (and a warning) when absent.
+#: The most local steps a result may claim by default (its ``NUM_STEPS_CURRENT_ROUND``, its
+#: weight): far above what a real round trains, low enough that one lying site cannot drown the
+#: others' results. A job whose clients really train more per round raises ``max_local_steps``.
+DEFAULT_MAX_LOCAL_STEPS = 1_000_000
+
+
+def check_max_local_steps(value: Any) -> float:
+    """Return the ``max_local_steps`` arg as a float, checked: a finite number > 0.
 
     Raises:
-        ValueError: The meta value is not a finite number >= 0.
+        ValueError: It is not a finite number > 0.
+    """
+    if not _is_weight(value) or value == 0:
+        raise ValueError(f"max_local_steps: expected a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def local_steps(meta: dict[str, Any], contributor: str, maximum: float = DEFAULT_MAX_LOCAL_STEPS) -> float:
+    """The contributor's ``NUM_STEPS_CURRENT_ROUND`` meta as a weight; 1.0 (and a warning) when absent.
+
+    A weight is a claim of the contributor: it must be a finite number above 0 and at most
+    ``maximum``, so that a site cannot make its result outweigh every other one.
+
+    Raises:
+        ValueError: The meta value is not a finite number in (0, ``maximum``]; the message
+            names the contributor and the arg that raises the bound.
     """
     steps = meta.get(MetaKey.NUM_STEPS_CURRENT_ROUND)
     if steps is None:
@@ -113,10 +134,16 @@ def local_steps(meta: dict[str, Any], contributor: str) -> float:
             "result has no %s meta, weighted 1.0: contributor=%s", MetaKey.NUM_STEPS_CURRENT_ROUND, contributor
         )
         return 1.0
-    if not _is_weight(steps):
+    if not _is_weight(steps) or steps == 0:
         raise ValueError(
-            f"result of {contributor}: meta {MetaKey.NUM_STEPS_CURRENT_ROUND} must be a finite number >= 0, "
+            f"result of {contributor}: meta {MetaKey.NUM_STEPS_CURRENT_ROUND} must be a finite number > 0, "
             f"got {steps!r}"
+        )
+    if steps > maximum:
+        raise ValueError(
+            f"result of {contributor}: meta {MetaKey.NUM_STEPS_CURRENT_ROUND} = {steps!r} is above the "
+            f"aggregator's max_local_steps = {maximum:g}; raise max_local_steps in the aggregator's args if "
+            "clients really train that many steps in a round"
         )
     return float(steps)
 
@@ -134,6 +161,8 @@ class WeightedModelAggregator(ModelAggregator):
         exclude_vars: Regex of param names left out of the aggregate; None keeps all.
         aggregation_weights: Client name -> extra weight factor (default 1.0 for each).
         weigh_by_local_iter: Whether to weight by ``NUM_STEPS_CURRENT_ROUND``.
+        max_local_steps: The largest ``NUM_STEPS_CURRENT_ROUND`` a result may claim; a result
+            above it (or at most 0) is refused.
 
     Example:
         >>> aggregator = WeightedModelAggregator(aggregation_weights={"site-2": 0.5})
@@ -148,9 +177,11 @@ class WeightedModelAggregator(ModelAggregator):
         exclude_vars: str | None = None,
         aggregation_weights: dict[str, float] | None = None,
         weigh_by_local_iter: bool = True,
+        max_local_steps: float = DEFAULT_MAX_LOCAL_STEPS,
     ) -> None:
         self._weights = check_aggregation_weights(aggregation_weights)
         self._weigh_by_local_iter = weigh_by_local_iter
+        self._max_local_steps = check_max_local_steps(max_local_steps)
         self._params = WeightedAggregationHelper(exclude_vars=exclude_vars)
         self._metrics = WeightedAggregationHelper()
         self._lock = threading.Lock()
@@ -167,7 +198,7 @@ class WeightedModelAggregator(ModelAggregator):
             raise ValueError(f"result of {contributor} carries no params; nothing to aggregate")
         weight = self._weights.get(contributor, 1.0)
         if self._weigh_by_local_iter:
-            weight *= local_steps(model.meta, contributor)
+            weight *= local_steps(model.meta, contributor, self._max_local_steps)
         metrics = numeric_metrics(model.metrics, contributor)
         params_type = ParamsType(model.params_type)
         contribution_round = model.current_round if model.current_round is not None else -1

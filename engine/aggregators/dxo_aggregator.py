@@ -6,7 +6,14 @@ import logging
 import threading
 from typing import Any
 
-from engine.aggregators.aggregator import Aggregator, check_aggregation_weights, local_steps, numeric_metrics
+from engine.aggregators.aggregator import (
+    DEFAULT_MAX_LOCAL_STEPS,
+    Aggregator,
+    check_aggregation_weights,
+    check_max_local_steps,
+    local_steps,
+    numeric_metrics,
+)
 from engine.aggregators.weighted import WeightedAggregationHelper, release_values
 from engine.model import DXO, DataKind, ReservedHeaderKey, ReturnCode, Shareable
 
@@ -37,6 +44,8 @@ class DXOAggregator(Aggregator):
         aggregation_weights: Client name -> extra weight factor (default 1.0 for each).
         expected_data_kind: ``"WEIGHTS"``, ``"WEIGHT_DIFF"`` or ``"METRICS"``.
         weigh_by_local_iter: Whether to weight by ``NUM_STEPS_CURRENT_ROUND``.
+        max_local_steps: The largest ``NUM_STEPS_CURRENT_ROUND`` a result may claim; a result
+            above it (or at most 0) is refused.
 
     Example:
         In ``config_fed_server.conf``::
@@ -51,6 +60,7 @@ class DXOAggregator(Aggregator):
         aggregation_weights: dict[str, float] | None = None,
         expected_data_kind: str = "WEIGHT_DIFF",
         weigh_by_local_iter: bool = True,
+        max_local_steps: float = DEFAULT_MAX_LOCAL_STEPS,
     ) -> None:
         kinds = ", ".join(kind.value for kind in _AGGREGATABLE_KINDS)
         try:
@@ -61,6 +71,7 @@ class DXOAggregator(Aggregator):
             raise ValueError(f"expected_data_kind: expected one of {kinds}, got {expected_data_kind!r}")
         self._weights = check_aggregation_weights(aggregation_weights)
         self._weigh_by_local_iter = weigh_by_local_iter
+        self._max_local_steps = check_max_local_steps(max_local_steps)
         self._helper = WeightedAggregationHelper(exclude_vars=exclude_vars)
         self._metrics = WeightedAggregationHelper()
         self._contributors: set[str] = set()
@@ -79,7 +90,7 @@ class DXOAggregator(Aggregator):
         try:
             weight = self._weights.get(contributor, 1.0)
             if self._weigh_by_local_iter:
-                weight *= local_steps(dxo.meta, contributor)
+                weight *= local_steps(dxo.meta, contributor, self._max_local_steps)
             metrics = numeric_metrics(dxo.meta.get("metrics"), contributor)
             with self._lock:
                 if contributor in self._contributors:

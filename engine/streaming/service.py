@@ -11,6 +11,7 @@ timeout, and hand every chunk to a consumer as it lands.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -35,6 +36,8 @@ TOPIC_CHUNK = "chunk"
 TOPIC_DONE = "done"
 #: Chunk requests a receiver keeps in flight so the pipe never idles.
 DEFAULT_MAX_IN_FLIGHT = 4
+#: Bytes per second a download must keep up on average by default (``streaming_min_throughput``).
+DEFAULT_MIN_THROUGHPUT = 256 << 10
 #: Seconds between sweeps for transactions whose receivers went silent.
 DEFAULT_SWEEP_INTERVAL_S = 5.0
 
@@ -223,6 +226,7 @@ def download_tensors(
     consumer_factory: ConsumerFactory = MemoryConsumer,
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     budget: ByteBudget | None = None,
+    min_throughput: int = 0,
 ) -> Any:
     """Pull download ``ref`` from cell ``source`` and return what the consumer builds.
 
@@ -236,9 +240,13 @@ def download_tensors(
         max_in_flight: Chunk requests kept outstanding at once.
         budget: Bytes the stream may announce at most (shared with the message's other
             downloads); None for no bound beyond the cell's own.
+        min_throughput: Bytes per second the whole stream must keep up on average: a stream
+            of N bytes fails after ``per_request_timeout_s + N / min_throughput`` seconds, so
+            a sender that trickles chunks cannot hold the receiver for ever. 0: no bound.
 
     Raises:
-        StreamingError: The sender refused, went silent past the per-request timeout, vanished,
+        StreamingError: The sender refused, went silent past the per-request timeout or the
+            stream's deadline, vanished,
             offered a file instead of tensors, or sent something that does not fit; the message
             names the ref and the sender. What was received so far is freed.
     """
@@ -252,7 +260,7 @@ def download_tensors(
             budget.take(layout.total_bytes, where, chunk_bytes)
         return consumer_factory(layout, chunk_bytes)
 
-    return _download(cell, source, ref, KIND_TENSORS, consumer_of, per_request_timeout_s, max_in_flight)
+    return _download(cell, source, ref, KIND_TENSORS, consumer_of, per_request_timeout_s, max_in_flight, min_throughput)
 
 
 def download_file(
@@ -263,6 +271,7 @@ def download_file(
     per_request_timeout_s: float,
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     budget: ByteBudget | None = None,
+    min_throughput: int = 0,
 ) -> Path:
     """Pull the file offered as ``ref`` by cell ``source`` into the new file ``path``; return it.
 
@@ -274,6 +283,7 @@ def download_file(
         per_request_timeout_s: Longest wait for one request (the info or one chunk), in seconds.
         max_in_flight: Chunk requests kept outstanding at once.
         budget: As `download_tensors`.
+        min_throughput: As `download_tensors`.
 
     Raises:
         StreamingError: As `download_tensors`, or the sender offers tensors instead of a file.
@@ -287,7 +297,7 @@ def download_file(
             budget.take(size_bytes, where, chunk_bytes)
         return FileConsumer(size_bytes, chunk_bytes, path)
 
-    return _download(cell, source, ref, KIND_FILE, consumer_of, per_request_timeout_s, max_in_flight)
+    return _download(cell, source, ref, KIND_FILE, consumer_of, per_request_timeout_s, max_in_flight, min_throughput)
 
 
 def _download(
@@ -298,11 +308,15 @@ def _download(
     consumer_of: Callable[[Message, int, str], ChunkConsumer],
     timeout_s: float,
     max_in_flight: int,
+    min_throughput: int,
 ) -> Any:
     """Ask for the info, check its kind and chunk size, pull every chunk, report completion."""
     where = f"download {ref!r} from {source!r}"
     if type(max_in_flight) is not int or max_in_flight < 1:
         raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
+    if type(min_throughput) is not int or min_throughput < 0:
+        raise ValueError(f"min_throughput must be an integer >= 0, got {min_throughput!r}")
+    started = time.monotonic()
     try:
         info = cell.request(source, CHANNEL, TOPIC_INFO, {"ref": ref}, timeout_s=timeout_s)
     except CellError as e:
@@ -314,8 +328,11 @@ def _download(
     if type(chunk_bytes) is not int or chunk_bytes <= 0:
         raise StreamingError(f"{where}: the sender announced an invalid chunk size {chunk_bytes!r}")
     consumer = consumer_of(info, chunk_bytes, where)
+    deadline = math.inf
+    if min_throughput:
+        deadline = started + timeout_s + consumer.total_bytes / min_throughput
     try:
-        _pull_chunks(cell, source, ref, consumer, timeout_s, max_in_flight, where)
+        _pull_chunks(cell, source, ref, consumer, timeout_s, max_in_flight, deadline, where)
         result = consumer.finish()
     except BaseException:
         consumer.abort()
@@ -328,9 +345,16 @@ def _download(
 
 
 def _pull_chunks(
-    cell: Cell, source: str, ref: str, consumer: ChunkConsumer, timeout_s: float, max_in_flight: int, where: str
+    cell: Cell,
+    source: str,
+    ref: str,
+    consumer: ChunkConsumer,
+    timeout_s: float,
+    max_in_flight: int,
+    deadline: float,
+    where: str,
 ) -> None:
-    puller = _ChunkPuller(cell, source, ref, consumer, timeout_s, max_in_flight, where)
+    puller = _ChunkPuller(cell, source, ref, consumer, timeout_s, max_in_flight, deadline, where)
     started = time.monotonic()
     puller.run()
     elapsed = time.monotonic() - started
@@ -355,10 +379,12 @@ class _ChunkPuller:
         consumer: ChunkConsumer,
         timeout_s: float,
         max_in_flight: int,
+        deadline: float,
         where: str,
     ) -> None:
         self._cell, self._source, self._ref = cell, source, ref
         self._consumer, self._timeout_s, self._where = consumer, timeout_s, where
+        self._deadline = deadline  # time.monotonic() by which the whole stream must be in
         self._max_in_flight = max_in_flight
         self._on_io_thread = consumer.places_on_io_thread
         self._lock = threading.Lock()  # guards the counters and the error
@@ -379,21 +405,34 @@ class _ChunkPuller:
         # The cell resolves every request by its own timeout; the margin only guards that.
         wait_s = self._timeout_s + 5.0
         while not self._finished.is_set():
+            left_s = self._deadline - time.monotonic()
+            if left_s <= 0:
+                self._fail(self._too_slow())
+                continue
             if self._on_io_thread:
                 progress = self._replies
-                if not self._finished.wait(wait_s) and self._replies == progress:
+                if not self._finished.wait(min(wait_s, left_s)) and self._replies == progress and left_s > wait_s:
                     self._fail(StreamingError(f"{self._where}: no chunk arrived within {self._timeout_s:g} s"))
                 continue
             try:
-                index, reply = self._landed.get(timeout=wait_s)
+                index, reply = self._landed.get(timeout=min(wait_s, left_s))
             except queue.Empty:
-                self._fail(StreamingError(f"{self._where}: no chunk arrived within {self._timeout_s:g} s"))
+                if left_s > wait_s:
+                    self._fail(StreamingError(f"{self._where}: no chunk arrived within {self._timeout_s:g} s"))
                 continue
             self._take(index, reply)
         if self._error is not None:
             with self._place_lock:  # no chunk is being placed once the caller aborts the consumer
                 pass
             raise self._error
+
+    def _too_slow(self) -> StreamingError:
+        with self._lock:
+            landed = self._replies
+        return StreamingError(
+            f"{self._where}: the sender is too slow: {landed} of {self._consumer.chunk_count} chunks of "
+            f"{self._consumer.total_bytes} bytes arrived by the stream's deadline (streaming_min_throughput)"
+        )
 
     def _ask(self) -> None:
         with self._lock:

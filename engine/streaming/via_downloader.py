@@ -31,6 +31,7 @@ from engine.streaming.consumers import MemoryConsumer
 from engine.streaming.lazy import LazyRef, LazyTensorDict
 from engine.streaming.service import (
     DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MIN_THROUGHPUT,
     ByteBudget,
     ConsumerFactory,
     DownloadService,
@@ -63,6 +64,8 @@ class StreamingContext:
             one request may take is gone.
         consumer_factory: Where received chunks land (tensors in memory by default).
         max_in_flight: Chunk requests a receiver keeps outstanding at once (>= 1).
+        min_throughput: Bytes per second a received stream must keep up on average (see
+            `download_tensors`); 0: no bound beyond the per-request timeout.
         sender: When receiving one message: the cell it came from, as the cells layer
             authenticated it. Its references must name that cell as the owner of their data, so
             a message cannot make the receiver pull from a third cell. None: not checked.
@@ -77,6 +80,7 @@ class StreamingContext:
     transaction_timeout_s: float | None = None  # None: resolved to per_request_timeout_s
     consumer_factory: ConsumerFactory = MemoryConsumer
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    min_throughput: int = DEFAULT_MIN_THROUGHPUT
     sender: str | None = None
     budget: ByteBudget | None = None
 
@@ -95,7 +99,8 @@ class StreamingContext:
         """Build the context from a validated job config (``config_fed_server`` / ``config_fed_client``).
 
         Reads ``tensor_download_chunk_size``, ``np_download_chunk_size``,
-        ``streaming_per_request_timeout`` and ``streaming_max_requests_in_flight``; an absent key
+        ``streaming_per_request_timeout``, ``streaming_max_requests_in_flight`` and
+        ``streaming_min_throughput``; an absent key
         takes its schema default. Other keys are ignored.
 
         Args:
@@ -119,6 +124,7 @@ class StreamingContext:
             per_request_timeout_s=_timeout_setting(config, "streaming_per_request_timeout"),
             consumer_factory=consumer_factory,
             max_in_flight=_setting(config, "streaming_max_requests_in_flight", DEFAULT_MAX_IN_FLIGHT, minimum=1),
+            min_throughput=_setting(config, "streaming_min_throughput", DEFAULT_MIN_THROUGHPUT, minimum=0),
         )
 
 
@@ -197,6 +203,7 @@ class _ViaDownloader(ABC):
             context.consumer_factory,
             context.max_in_flight,
             context.budget,
+            context.min_throughput,
         )
 
     def lookup(self, data: Any, ctx: DecodeContext, as_numpy: bool = False) -> torch.Tensor | LazyRef:

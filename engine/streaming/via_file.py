@@ -122,6 +122,7 @@ class ViaFileDecomposer(Decomposer[T]):
                 context.per_request_timeout_s,
                 context.max_in_flight,
                 context.budget,
+                context.min_throughput,
             )
             return self.load_from_file(path)
 

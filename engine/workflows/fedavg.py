@@ -11,7 +11,13 @@ from typing import Any
 
 import torch
 
-from engine.aggregators import ModelAggregator, WeightedModelAggregator, check_params_match
+from engine.aggregators import (
+    DEFAULT_MAX_LOCAL_STEPS,
+    ModelAggregator,
+    WeightedModelAggregator,
+    check_max_local_steps,
+    check_params_match,
+)
 from engine.controller.context import DiskDownloadArea
 from engine.model import FLModel, ParamsType
 from engine.workflows.downloads import disk_figures, receiving_to_disk
@@ -31,6 +37,8 @@ class FedAvg(ModelController):
         persistor_id: Id of the `ModelPersistor` component.
         aggregation_weights: Site -> weight, multiplied with each result's
             ``NUM_STEPS_CURRENT_ROUND`` meta (default 1.0 per site).
+        max_local_steps: The largest ``NUM_STEPS_CURRENT_ROUND`` a result may claim (the
+            default aggregator's bound; a result above it, or at most 0, is refused).
         aggregator_id: Id of a custom `ModelAggregator` component; a weighted mean by default.
         min_clients: Usable results a round needs; ``num_clients`` by default. With fewer the
             job ends with FINISHED_EXECUTION_EXCEPTION and the reasons.
@@ -52,6 +60,7 @@ class FedAvg(ModelController):
         start_round: int = 0,
         persistor_id: str = "persistor",
         aggregation_weights: dict[str, float] | None = None,
+        max_local_steps: float = DEFAULT_MAX_LOCAL_STEPS,
         aggregator_id: str | None = None,
         min_clients: int | None = None,
         wait_time_after_min_received: float = 0.0,
@@ -70,6 +79,7 @@ class FedAvg(ModelController):
         self.num_rounds = num_rounds
         self.start_round = start_round
         self.aggregation_weights = dict(aggregation_weights or {})
+        self.max_local_steps = check_max_local_steps(max_local_steps)
         self.aggregator_id = aggregator_id
         self.min_clients = min_clients
         self.wait_time_after_min_received = wait_time_after_min_received
@@ -165,7 +175,9 @@ class FedAvg(ModelController):
 
     def _aggregator(self) -> ModelAggregator:
         if self.aggregator_id is None:
-            return WeightedModelAggregator(aggregation_weights=self.aggregation_weights)
+            return WeightedModelAggregator(
+                aggregation_weights=self.aggregation_weights, max_local_steps=self.max_local_steps
+            )
         return self.context.get_component(self.aggregator_id, ModelAggregator, key="aggregator_id")
 
 

@@ -284,3 +284,34 @@ def test_a_sender_announcing_a_lying_header_is_refused(processes: Processes) -> 
 
     with pytest.raises(StreamingError, match=r"download 'r1' from 'server': safetensors header is not valid JSON"):
         download_tensors(receiver, "server", "r1", per_request_timeout_s=5)
+
+
+def test_a_sender_that_trickles_chunks_fails_the_download_at_its_deadline(processes: Processes) -> None:
+    server = processes.cell("server")
+    receiver = processes.cell("site-1", connect_to=server.endpoint)
+    service = DownloadService(server)
+    tensors = seeded_tensors()  # about 2 MiB: 9 chunks of 256 KiB
+    slow_ref = service.add_tensors(tensors, CHUNK_BYTES, receivers=["site-1"], timeout_s=30)
+
+    def trickle(message):  # each chunk well inside the per-request timeout, the whole far too slow
+        if message.header.get("ref") == slow_ref:
+            time.sleep(0.4)
+        return service._on_chunk(message)
+
+    server.unregister_handler(CHANNEL, TOPIC_CHUNK)
+    server.register_handler(CHANNEL, TOPIC_CHUNK, trickle)
+    started = time.monotonic()
+
+    with pytest.raises(
+        StreamingError, match=r"the sender is too slow: \d of 9 chunks of \d+ bytes arrived by the stream.s deadline"
+    ):
+        download_tensors(
+            receiver, "server", slow_ref, per_request_timeout_s=1.0, max_in_flight=1, min_throughput=1 << 20
+        )
+
+    elapsed = time.monotonic() - started
+    assert 2.5 < elapsed < 3.6  # 1 s + 2 MiB at 1 MiB/s, not the 3.6 s the sender would need
+    fast_ref = service.add_tensors(tensors, CHUNK_BYTES, receivers=["site-1"], timeout_s=30)
+    got = download_tensors(receiver, "server", fast_ref, per_request_timeout_s=5, min_throughput=1 << 20)
+    assert all(torch.equal(got[name], tensors[name]) for name in tensors)
+    service.close()

@@ -50,7 +50,9 @@ def wrong_shape() -> Shareable:
         (lambda: result(kind=DataKind.WEIGHTS), False, "reason=data kind is WEIGHTS, expected WEIGHT_DIFF"),
         (lambda: result(round_header=1), False, "reason=it is a result of round 1"),
         (Shareable, False, "reason=the shareable carries no DXO"),
-        (lambda: result(steps=-3), False, "meta NUM_STEPS_CURRENT_ROUND must be a finite number >= 0, got -3"),
+        (lambda: result(steps=-3), False, "meta NUM_STEPS_CURRENT_ROUND must be a finite number > 0, got -3"),
+        (lambda: result(steps=0), False, "meta NUM_STEPS_CURRENT_ROUND must be a finite number > 0, got 0"),
+        (lambda: result(steps=10**12), False, "is above the aggregator's max_local_steps = 1e+06"),
         (wrong_shape, False, r"site-2: value 'w': shape (3,) differs from the first contribution's (2,)"),
     ],
     ids=[
@@ -62,6 +64,8 @@ def wrong_shape() -> Shareable:
         "wrong-round",
         "no-dxo",
         "bad-steps",
+        "zero-steps",
+        "absurd-steps",
         "wrong-shape",
     ],
 )
@@ -244,3 +248,19 @@ def test_bad_arguments_are_refused(kwargs: dict, match: str) -> None:
 
 def test_flare_name_is_an_alias() -> None:
     assert InTimeAccumulateWeightedAggregator is DXOAggregator
+
+
+def test_max_local_steps_bounds_what_a_result_may_claim(caplog: pytest.LogCaptureFixture) -> None:
+    aggregator = DXOAggregator(max_local_steps=100)
+    aggregator.accept(result(1.0, steps=100), "site-1", 0)
+
+    assert aggregator.accept(result(1000.0, steps=101), "site-2", 0) is False
+
+    assert "contributor=site-2 round=0 reason=result of site-2: meta NUM_STEPS_CURRENT_ROUND = 101" in caplog.text
+    assert DXO.from_shareable(aggregator.aggregate(0)).data["w"].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), "many"])
+def test_max_local_steps_must_be_a_positive_number(bad: object) -> None:
+    with pytest.raises(ValueError, match="max_local_steps: expected a finite number > 0"):
+        DXOAggregator(max_local_steps=bad)

@@ -114,10 +114,18 @@ def test_lazy_params_are_resolved_released_and_not_held() -> None:
         (FLModel(metrics={"accuracy": 1.0}), "result of site-1 carries no params; nothing to aggregate"),
         (
             FLModel(params={"w": torch.ones(1)}, meta={MetaKey.NUM_STEPS_CURRENT_ROUND: "ten"}),
-            "meta NUM_STEPS_CURRENT_ROUND must be a finite number >= 0, got 'ten'",
+            "meta NUM_STEPS_CURRENT_ROUND must be a finite number > 0, got 'ten'",
+        ),
+        (
+            FLModel(params={"w": torch.ones(1)}, meta={MetaKey.NUM_STEPS_CURRENT_ROUND: 0}),
+            "meta NUM_STEPS_CURRENT_ROUND must be a finite number > 0, got 0",
+        ),
+        (
+            FLModel(params={"w": torch.ones(1)}, meta={MetaKey.NUM_STEPS_CURRENT_ROUND: 2_000_000}),
+            "NUM_STEPS_CURRENT_ROUND = 2000000 is above the aggregator's max_local_steps = 1e\\+06; raise",
         ),
     ],
-    ids=["no-params", "bad-steps"],
+    ids=["no-params", "bad-steps", "zero-steps", "absurd-steps"],
 )
 def test_unusable_models_are_refused(bad: FLModel, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -151,3 +159,13 @@ def test_bad_aggregation_weight_is_refused() -> None:
 
 def test_is_a_model_aggregator() -> None:
     assert isinstance(WeightedModelAggregator(), ModelAggregator)
+
+
+def test_a_result_above_max_local_steps_is_refused_and_leaves_no_trace() -> None:
+    aggregator = WeightedModelAggregator(max_local_steps=10)
+    aggregator.accept_model(model(1.0, steps=10), "site-1")
+
+    with pytest.raises(ValueError, match="max_local_steps = 10"):
+        aggregator.accept_model(model(9.0, steps=11), "site-2")
+
+    assert aggregator.aggregate_model().params["w"].tolist() == [1.0, 1.0]

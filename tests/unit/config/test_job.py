@@ -41,7 +41,7 @@ BAD_INPUT = [
         [
             f"{S}:11: tensor_download_chunk_sise: unknown key 'tensor_download_chunk_sise' (did you mean "
             "'tensor_download_chunk_size'? accepted: cell, components, format_version, np_download_chunk_size, "
-            "streaming_max_requests_in_flight, streaming_per_request_timeout, task_data_filters, "
+            "streaming_max_requests_in_flight, streaming_min_throughput, streaming_per_request_timeout, task_data_filters, "
             "task_result_filters, tensor_download_chunk_size, tensor_pool_idle_release_s, workflows)"
         ],
         id="unknown-top-level-key",

@@ -12,7 +12,7 @@ from engine.config.schema import check_document, top_level_defaults, with_defaul
 from engine.config.source import ConfigDocument
 from engine.errors import StreamingError
 from engine.streaming.consumers import DiskConsumer, MemoryConsumer
-from engine.streaming.service import DEFAULT_MAX_IN_FLIGHT
+from engine.streaming.service import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MIN_THROUGHPUT
 from engine.streaming.via_downloader import DEFAULT_CHUNK_BYTES, DEFAULT_PER_REQUEST_TIMEOUT_S, StreamingContext
 
 CELL = object()  # from_config only stores the cell and the service
@@ -26,6 +26,7 @@ DEFAULTS = {
     "per_request_timeout_s": 600.0,
     "transaction_timeout_s": 600.0,
     "max_in_flight": 4,
+    "min_throughput": 256 * 1024,
 }
 
 
@@ -51,6 +52,8 @@ def settings_of(context: StreamingContext) -> dict[str, Any]:
         ),
         pytest.param({"streaming_max_requests_in_flight": 1}, {"max_in_flight": 1}, id="in-flight-1"),
         pytest.param({"streaming_max_requests_in_flight": 16}, {"max_in_flight": 16}, id="in-flight-16"),
+        pytest.param({"streaming_min_throughput": 0}, {"min_throughput": 0}, id="no-min-throughput"),
+        pytest.param({"streaming_min_throughput": 10 * MiB}, {"min_throughput": 10 * MiB}, id="min-throughput"),
         pytest.param(
             {"tensor_download_chunk_size": 0, "np_download_chunk_size": 0},
             {"tensor_chunk_bytes": 0, "array_chunk_bytes": 0},
@@ -90,6 +93,7 @@ def test_the_code_defaults_are_the_schema_defaults(side: str) -> None:
     assert defaults["tensor_download_chunk_size"] == defaults["np_download_chunk_size"] == DEFAULT_CHUNK_BYTES
     assert defaults["streaming_per_request_timeout"] == DEFAULT_PER_REQUEST_TIMEOUT_S
     assert defaults["streaming_max_requests_in_flight"] == DEFAULT_MAX_IN_FLIGHT == 4
+    assert defaults["streaming_min_throughput"] == DEFAULT_MIN_THROUGHPUT == 256 * 1024
 
 
 @pytest.mark.parametrize(

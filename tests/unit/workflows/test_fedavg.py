@@ -146,3 +146,20 @@ def test_an_abort_in_the_next_round_keeps_the_last_rounds_model(run) -> None:
     assert not thread.is_alive()
     assert thread.errors == []  # type: ignore[attr-defined]
     assert torch.allclose(persistor.load_model().params["fc.weight"], torch.full((3, 4), 4.0))
+
+
+def test_a_result_claiming_too_many_local_steps_is_refused_and_the_round_goes_on(run) -> None:
+    queue, persistor, thread = run(num_rounds=1, min_clients=1, max_local_steps=1000)
+
+    first, second = next_task(queue, "site-1"), next_task(queue, "site-2")
+    queue.submit(
+        "site-1", first.task_id, reply({"fc.weight": torch.full((3, 4), 99.0), "fc.bias": torch.zeros(3)}, 10**6)
+    )
+    queue.submit(
+        "site-2", second.task_id, reply({"fc.weight": torch.full((3, 4), 3.0), "fc.bias": torch.zeros(3)}, 1000)
+    )
+    thread.join(10)
+
+    assert thread.errors == []  # type: ignore[attr-defined]
+    assert torch.equal(persistor.load_model().params["fc.weight"], torch.full((3, 4), 3.0))
+    assert "above the aggregator's max_local_steps = 1000" in thread.workflow.failures["site-1"]  # type: ignore[attr-defined]
