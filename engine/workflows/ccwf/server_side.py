@@ -4,7 +4,9 @@ The server holds no model here. It sends ``<prefix>_config`` to every participat
 also checks that each is ready), ``<prefix>_start`` to the starting client, and then follows the
 status reports the clients send on their own: the job ends when one reports that the workflow is
 done, when one reports an error, when too few clients are left, or when no client made progress
-for ``progress_timeout`` seconds.
+for ``progress_timeout`` seconds. A report is a claim: only a participant's counts, and only a
+client the workflow gave that role (`ServerSideController.finishers`) can end the workflow or
+finish a round, and only a round of the workflow.
 """
 
 from __future__ import annotations
@@ -97,6 +99,10 @@ class ServerSideController(Controller):
         """Whether a start task goes to a starting client (a workflow driven by the server says no)."""
         return True
 
+    def finishers(self, participants: list[str]) -> list[str]:
+        """The clients whose reports that a round or the workflow is done are believed (all participants)."""
+        return participants
+
     def follow_clients(self, participants: list[str]) -> None:
         """After the start: follow the status reports until the workflow is done (see the module)."""
         self._follow(participants)
@@ -169,6 +175,7 @@ class ServerSideController(Controller):
         rounds_seen: set[int] = set()
         latest_round = -1
         lost: set[str] = set()
+        untrusted_done: set[str] = set()
         needed = self.min_clients or len(participants)
         while not self.abort_signal.wait(STATUS_CHECK_INTERVAL_S):
             now = time.monotonic()
@@ -177,12 +184,15 @@ class ServerSideController(Controller):
             for site, status in statuses.items():
                 if status.error:
                     raise WorkflowError(f"{site} reported an error: {status.error}")
+            trusted = set(self.finishers(participants))
+            first, end = self.start_round, self.start_round + self.num_rounds
             finished = sorted(
                 (
                     done
-                    for status in statuses.values()
+                    for site, status in statuses.items()
+                    if site in trusted
                     for done in status.rounds_done
-                    if isinstance(done.get("round"), int)
+                    if isinstance(done.get("round"), int) and first <= done["round"] < end
                 ),
                 key=lambda done: done["round"],
             )
@@ -190,7 +200,11 @@ class ServerSideController(Controller):
                 if done["round"] not in rounds_seen:
                     rounds_seen.add(done["round"])
                     self.context.report("round_done", **done)
-            rounds = [status.round for status in statuses.values() if status.round is not None]
+            rounds = [
+                status.round
+                for status in statuses.values()
+                if isinstance(status.round, int) and first <= status.round < end
+            ]
             if rounds and max(rounds) > latest_round:
                 latest_round = max(rounds)
                 total = self.start_round + self.num_rounds
@@ -199,7 +213,11 @@ class ServerSideController(Controller):
                 if status.progress != progress_seen.get(site):
                     progress_seen[site] = status.progress
                     last_progress = now
-            done_by = [site for site, status in statuses.items() if status.all_done]
+            done_by = [site for site, status in statuses.items() if status.all_done and site in trusted]
+            for site in sorted(site for site, status in statuses.items() if status.all_done and site not in trusted):
+                if site not in untrusted_done:
+                    untrusted_done.add(site)
+                    log.warning("'workflow done' report of %s ignored: it has no role that ends the workflow", site)
             if done_by:
                 log.info("workflow done, reported by %s prefix=%s", done_by[0], self.task_name_prefix)
                 return

@@ -76,6 +76,10 @@ class SwarmServerController(ServerSideController):
             raise WorkflowError("aggr_clients and train_clients must each name at least one participating client")
         return config
 
+    def finishers(self, participants: list[str]) -> list[str]:
+        """Only an aggregation client finishes a round, and the last round's ends the swarm."""
+        return clients_among("aggr_clients", self.aggr_clients, participants)
+
     def run(self) -> None:
         self.context.report("workflow_note", message=f"swarm: {self.num_rounds} rounds, the clients aggregate")
         super().run()

@@ -112,6 +112,25 @@ def test_swarm_configures_starts_and_ends_when_a_client_reports_all_done(start) 
     assert rounds == [0, 1]  # once each, in order
 
 
+def test_only_an_aggregation_client_can_end_the_swarm_or_finish_a_round(
+    start, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue, clients, thread = start(SwarmServerController(num_rounds=2, aggr_clients=["site-2"]))
+
+    configure_and_start(queue)
+    lies = [{"round": 0, "time_s": 0.1}, {"round": 7, "time_s": 0.1}]
+    clients.status("site-3", round=1, phase="done", progress=1, all_done=True, rounds_done=lies)
+    clients.status("site-2", round=0, phase="train", progress=1, rounds_done=[{"round": 99, "time_s": 0.1}])
+    time.sleep(1.5)  # three looks at the reports
+
+    assert thread.is_alive()  # site-3 does not aggregate: its "done" changes nothing
+    assert "'workflow done' report of site-3 ignored" in caplog.text
+    assert [fields for event, fields in clients.events if event == "round_done"] == []
+    clients.status("site-2", round=1, phase="done", progress=2, all_done=True, rounds_done=[{"round": 1}])
+    assert finish(thread) == []
+    assert [fields["round"] for event, fields in clients.events if event == "round_done"] == [1]
+
+
 def test_a_client_error_ends_the_swarm_with_its_reason(start) -> None:
     queue, clients, thread = start(SwarmServerController(num_rounds=2))
 
