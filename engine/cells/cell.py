@@ -458,13 +458,13 @@ class Cell:
                 return
             action = Dispatch(action.handler.handler, action.message)
         peer = action.message.source.split(".", 1)[0]  # a site and its child cells share one share
-        if self._pool.submit(lambda: self._run_handler(action), peer):
+        if self._pool.submit(lambda: self._run_handler(action), peer, action.message.body_bytes):
             return
         if self._state != _RUNNING:
             logger.debug("message dropped at stop: channel=%s topic=%s", action.message.channel, action.message.topic)
             return
         self._core.count("peer_busy")
-        logger.warning("request refused: %s has too many requests waiting for a handler", peer)
+        logger.warning("request refused: %s has too many requests (or bytes) waiting for a handler", peer)
         request = action.message.envelope
         if request.kind is Kind.REQUEST:
             reason = f"{self._fqcn}: too many requests of {peer} are waiting for a handler; try again later"

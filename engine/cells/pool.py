@@ -7,7 +7,8 @@ deadline, then leaves them behind as daemon threads and says so in the log.
 Jobs are queued per *peer* (the site a message came from): one peer runs at most
 ``per_peer_limit`` handlers at once, and the workers take the peers that have work in turn, so
 a site that floods the cell with slow requests holds a bounded share of the threads and the
-other sites' requests still run. A peer's queue is bounded too; past it, ``submit`` refuses.
+other sites' requests still run. A peer's queue is bounded too, by count and by bytes (the
+received messages it holds); past either, ``submit`` refuses.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 #: Jobs one peer may have waiting for a thread; past it the cell answers "busy".
 DEFAULT_QUEUED_PER_PEER = 1024
+#: Bytes of received messages one peer may have waiting for a thread (one message is always let
+#: in, however large: the cell's message size limit bounds that one).
+DEFAULT_QUEUED_BYTES_PER_PEER = 256 << 20
 
 
 class HandlerPool:
@@ -33,16 +37,25 @@ class HandlerPool:
         per_peer_limit: Handlers one peer may run at once (default: half the threads, at
             least one).
         queued_per_peer: Jobs one peer may have waiting.
+        queued_bytes_per_peer: Bytes one peer's waiting jobs may hold (the ``size`` given to
+            `submit`); a job is let in past it only when the peer has none waiting.
     """
 
     def __init__(
-        self, size: int, name: str, per_peer_limit: int | None = None, queued_per_peer: int = DEFAULT_QUEUED_PER_PEER
+        self,
+        size: int,
+        name: str,
+        per_peer_limit: int | None = None,
+        queued_per_peer: int = DEFAULT_QUEUED_PER_PEER,
+        queued_bytes_per_peer: int = DEFAULT_QUEUED_BYTES_PER_PEER,
     ) -> None:
         if size < 1:
             raise ValueError(f"handler pool size must be >= 1, got {size}")
         self.per_peer_limit = per_peer_limit if per_peer_limit is not None else max(1, size // 2)
         self._queued_per_peer = queued_per_peer
-        self._queues: dict[str, collections.deque[Callable[[], None]]] = {}
+        self._queued_bytes_per_peer = queued_bytes_per_peer
+        self._queues: dict[str, collections.deque[tuple[Callable[[], None], int]]] = {}
+        self._queued_bytes: collections.Counter[str] = collections.Counter()
         self._running: collections.Counter[str] = collections.Counter()
         self._turns: collections.deque[str] = collections.deque()  # peers with work, in turn
         self._condition = threading.Condition()
@@ -59,15 +72,19 @@ class HandlerPool:
             for thread in self._threads:
                 thread.start()
 
-    def submit(self, job: Callable[[], None], peer: str = "") -> bool:
-        """Queue a job of ``peer``; return False (and drop it) when stopping or the peer's queue is full."""
+    def submit(self, job: Callable[[], None], peer: str = "", size: int = 0) -> bool:
+        """Queue a job of ``peer`` that holds ``size`` bytes; return False (and drop it) when
+        stopping or the peer's queue is full (by count, or by bytes while it holds any job)."""
         with self._condition:
             if self._stopped:
                 return False
             waiting = self._queues.setdefault(peer, collections.deque())
             if len(waiting) >= self._queued_per_peer:
                 return False
-            waiting.append(job)
+            if waiting and self._queued_bytes[peer] + size > self._queued_bytes_per_peer:
+                return False
+            waiting.append((job, size))
+            self._queued_bytes[peer] += size
             if peer not in self._turns:
                 self._turns.append(peer)
             self._condition.notify()
@@ -92,6 +109,7 @@ class HandlerPool:
             # Jobs not started yet are dropped: their requesters get a BYE instead.
             dropped = sum(len(waiting) for waiting in self._queues.values())
             self._queues.clear()
+            self._queued_bytes.clear()
             self._turns.clear()
             self._condition.notify_all()
         if dropped:
@@ -118,7 +136,10 @@ class HandlerPool:
             if self._running[peer] >= self.per_peer_limit:
                 self._turns.append(peer)  # its turn comes again when one of its handlers ends
                 continue
-            job = waiting.popleft()
+            job, size = waiting.popleft()
+            self._queued_bytes[peer] -= size
+            if not self._queued_bytes[peer]:
+                del self._queued_bytes[peer]
             if waiting:
                 self._turns.append(peer)
             else:

@@ -82,6 +82,23 @@ def test_a_peer_may_queue_only_so_many_jobs() -> None:
     pool.stop(time.monotonic())
 
 
+
+def test_a_peer_may_queue_only_so_many_bytes_but_always_one_message() -> None:
+    pool = HandlerPool(1, "test", queued_bytes_per_peer=100)
+    pool.start()
+    release = threading.Event()
+    assert pool.submit(lambda: release.wait(5), "flooder", 10)  # running: holds no queue space
+    time.sleep(0.05)
+
+    accepted = [pool.submit(lambda: None, "flooder", size) for size in (500, 1, 60, 50, 40)]
+
+    assert accepted == [True, False, False, False, False]  # one message of any size, then nothing past 100
+    assert pool.submit(lambda: None, "other", 90)
+    release.set()
+    time.sleep(0.2)  # the queue drains: its bytes are free again
+    assert pool.submit(lambda: None, "flooder", 60) and pool.submit(lambda: None, "flooder", 40)
+    assert pool.stop(time.monotonic() + 5) == 0
+
 def test_pool_stop_is_bounded_by_a_stuck_job() -> None:
     pool = HandlerPool(1, "test")
     pool.start()
