@@ -26,6 +26,7 @@ from engine.cells.fqcn import check_fqcn
 from engine.cells.framing import frame_message
 from engine.cells.handlers import Handler, HandlerRegistry
 from engine.cells.io_thread import IoThread
+from engine.cells.log_limit import REFUSALS
 from engine.cells.message import Message
 from engine.cells.outbox import Outbox
 from engine.cells.pending import PendingRequests, ReplyFuture
@@ -464,7 +465,7 @@ class Cell:
             logger.debug("message dropped at stop: channel=%s topic=%s", action.message.channel, action.message.topic)
             return
         self._core.count("peer_busy")
-        logger.warning("request refused: %s has too many requests (or bytes) waiting for a handler", peer)
+        REFUSALS.warning(logger, "request refused: %s has too many requests (or bytes) waiting for a handler", peer)
         request = action.message.envelope
         if request.kind is Kind.REQUEST:
             reason = f"{self._fqcn}: too many requests of {peer} are waiting for a handler; try again later"

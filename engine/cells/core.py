@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from engine.cells.envelope import Envelope, decode_envelope, encode_envelope
 from engine.cells.handlers import Handler, HandlerRegistry
+from engine.cells.log_limit import REFUSALS
 from engine.cells.message import Message
 from engine.cells.pending import PendingRequests
 from engine.cells.protocol import MAX_POLL_WAIT_S, Kind, Status
@@ -144,7 +145,7 @@ class CellCore(abc.ABC):
             envelope = decode_envelope(frames[0])
         except CellProtocolError as e:
             self.count("malformed")
-            logger.warning("malformed message: cell=%s error=%s", self.fqcn, e)
+            REFUSALS.warning(logger, "malformed message: cell=%s error=%s", self.fqcn, e)
             if routing_id is None:
                 return []
             answer = Envelope(
@@ -267,16 +268,16 @@ class CellCore(abc.ABC):
         if envelope.kind is Kind.REQUEST:
             return self._answer(envelope, Status.UNREACHABLE, reason, now_s)
         self.count("undeliverable")
-        logger.warning("message dropped: kind=%s from=%s %s", envelope.kind.name, envelope.source, reason)
+        REFUSALS.warning(logger, "message dropped: kind=%s from=%s %s", envelope.kind.name, envelope.source, reason)
         return []
 
     def _refuse(self, envelope: Envelope, reason: str, now_s: float) -> list[Action]:
         """Answer a request with status error; count and log anything else."""
         if envelope.kind is Kind.REQUEST:
-            logger.warning("request refused: from=%s %s", envelope.source, reason)
+            REFUSALS.warning(logger, "request refused: from=%s %s", envelope.source, reason)
             return self._answer(envelope, Status.ERROR, reason, now_s)
         self.count("refused")
-        logger.warning("message refused: kind=%s from=%s %s", envelope.kind.name, envelope.source, reason)
+        REFUSALS.warning(logger, "message refused: kind=%s from=%s %s", envelope.kind.name, envelope.source, reason)
         return []
 
     def _answer(self, request: Envelope, status: Status, reason: str, now_s: float) -> list[Action]:

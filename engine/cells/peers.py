@@ -13,6 +13,8 @@ import dataclasses
 import enum
 import logging
 
+from engine.cells.log_limit import REFUSALS
+
 logger = logging.getLogger(__name__)
 
 
@@ -105,7 +107,7 @@ class PeerTable:
         """
         owner = self._by_routing_id.get(routing_id)
         if owner is not None and owner != fqcn:
-            logger.warning("peer refused: fqcn=%s connection already registered as %s", fqcn, owner)
+            REFUSALS.warning(logger, "peer refused: fqcn=%s connection already registered as %s", fqcn, owner)
             return Registration.REFUSED
         peer = self._by_fqcn.get(fqcn)
         if peer is None:
@@ -113,7 +115,7 @@ class PeerTable:
             self._by_routing_id[routing_id] = fqcn
             return Registration.NEW
         if peer.credential is not None and peer.credential != credential:
-            logger.warning("peer refused: fqcn=%s claimed with a different credential", fqcn)
+            REFUSALS.warning(logger, "peer refused: fqcn=%s claimed with a different credential", fqcn)
             return Registration.REFUSED
         peer.last_seen_s = now_s
         if peer.routing_id == routing_id:

@@ -25,6 +25,8 @@ from typing import Any
 import zmq
 import zmq.utils.z85
 
+from engine.cells.log_limit import REFUSALS
+
 logger = logging.getLogger(__name__)
 
 #: The ZAP domain every flengine server socket announces (ZeroMQ passes it to the handler).
@@ -173,7 +175,9 @@ class ZapHandler:
         """Return the reply to one ZAP request."""
         if len(frames) < 6:
             self.refused += 1
-            logger.warning("malformed ZAP request refused: server=%s frames=%d", self._server_name, len(frames))
+            REFUSALS.warning(
+                logger, "malformed ZAP request refused: server=%s frames=%d", self._server_name, len(frames)
+            )
             request_id = frames[1] if len(frames) > 1 else b""
             return [ZAP_VERSION, request_id, b"500", b"malformed ZAP request", b"", b""]
         version, request_id, domain, address, _routing_id, mechanism, *credentials = frames
@@ -184,7 +188,8 @@ class ZapHandler:
         if identity is None:
             self.refused += 1
             key = zmq.utils.z85.encode(credentials[0]).decode() if _is_raw_key(credentials) else "?"
-            logger.warning(
+            REFUSALS.warning(
+                logger,
                 "connection refused: server=%s address=%s mechanism=%s key=%s reason=key not on the allowlist",
                 self._server_name,
                 address.decode("utf-8", "replace"),

@@ -24,6 +24,7 @@ from typing import Any
 from engine.cells.core import Action, CellCore, Send
 from engine.cells.envelope import Envelope, encode_envelope
 from engine.cells.handlers import HandlerRegistry
+from engine.cells.log_limit import REFUSALS
 from engine.cells.peers import PeerTable, Registration
 from engine.cells.pending import PendingRequests
 from engine.cells.protocol import MAX_CELLS_PER_IDENTITY, Kind, Status
@@ -141,7 +142,7 @@ class ServerCore(CellCore):
         else:
             self.count("spoofed_source")
             why = f"{self.fqcn}: source {envelope.source!r} is not the name this connection registered ({fqcn!r})"
-        logger.warning("message refused: %s kind=%s", why, envelope.kind.name)
+        REFUSALS.warning(logger, "message refused: %s kind=%s", why, envelope.kind.name)
         if envelope.kind is not Kind.REQUEST:
             return []
         answer = envelope.reply(self._next_id(), Status.ERROR, why)
@@ -153,7 +154,7 @@ class ServerCore(CellCore):
         why = (
             f"{self.fqcn}: this connection is authenticated as {identity!r}, which may not send as {envelope.source!r}"
         )
-        logger.warning("message refused: %s kind=%s", why, envelope.kind.name)
+        REFUSALS.warning(logger, "message refused: %s kind=%s", why, envelope.kind.name)
         if envelope.kind is Kind.HELLO:
             ack = Envelope(Kind.HELLO_ACK, self._next_id(), self.fqcn, envelope.source,
                            reply_to=envelope.msg_id, status=Status.ERROR, reason=why)  # fmt: skip
