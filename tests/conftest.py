@@ -8,6 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from engine.cells.log_limit import REFUSALS
+
+
+@pytest.fixture(autouse=True)
+def refusals_logged_afresh() -> None:
+    """Each test sees every refusal line: the process-wide log limiter starts over."""
+    REFUSALS.reset()
+
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:

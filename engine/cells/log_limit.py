@@ -41,6 +41,11 @@ class LogLimiter:
         self._lock = threading.Lock()
         self._windows: dict[str, list[float | int]] = {}  # kind -> [window start, written, held back]
 
+    def reset(self) -> None:
+        """Forget every window (each kind of line gets its full budget again)."""
+        with self._lock:
+            self._windows.clear()
+
     def warning(self, logger: logging.Logger, msg: str, *args: Any) -> bool:
         """Log ``msg % args`` as a warning unless this kind of line is over its budget; True if written."""
         return self.log(logger, logging.WARNING, msg, *args)

@@ -31,3 +31,13 @@ def test_a_flood_writes_burst_lines_per_window_then_says_how_many_it_held_back(
         "peer refused: fqcn=site-9",
         "message refused: from=site-x (and 997 more like it in the last 0.2 s, not logged)",
     ]
+
+
+def test_reset_gives_every_kind_its_budget_back(caplog: pytest.LogCaptureFixture) -> None:
+    limiter = LogLimiter(burst=1, interval_s=60)
+    limiter.warning(log, "refused: %s", "a")
+    assert not limiter.warning(log, "refused: %s", "b")
+
+    limiter.reset()
+
+    assert limiter.warning(log, "refused: %s", "c")
