@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
-from engine.cells import Cell
+from engine.cells import Cell, Message, Reply, Status
+from engine.cells.security import name_owned_by
 from engine.executors.executor import Executor, ExecutorContext
 from engine.model import ReservedHeaderKey, ReturnCode, Shareable, make_reply
 from engine.model.ccwf import CONFIG_KEY, CONFIG_TASK, START_TASK, WorkflowStatus
@@ -143,3 +145,21 @@ def failed(code: ReturnCode, reason: str) -> Shareable:
     reply = make_reply(code)
     reply.set_header(REASON_HEADER, reason)
     return reply
+
+
+def owner_among(sender: str, sites: Sequence[str]) -> str | None:
+    """The site of ``sites`` that sent a message from cell ``sender`` (itself or a child cell), or None.
+
+    ``sender`` is a message's authenticated source: the cells layer lets a connection use only
+    names its key's identity owns (`engine.cells.security.name_owned_by`).
+    """
+    return next((site for site in sites if site and name_owned_by(site, sender)), None)
+
+
+def refused(message: Message, reason: str) -> Reply:
+    """Answer a peer's message that this client does not take: log who sent it and why, reply an error.
+
+    The job goes on as if the message never came; the sender reads ``reason`` in the reply.
+    """
+    log.warning("peer message refused: from=%s topic=%s reason=%s", message.source, message.topic, reason)
+    return Reply(header={REASON_HEADER: reason}, status=Status.ERROR, reason=reason)

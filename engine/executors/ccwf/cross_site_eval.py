@@ -4,6 +4,9 @@ At the config task an evaluatee gets its own model ready (the ``submit_model`` t
 trainer) and the global model client lists its persisted models. Each ``cse_eval`` task names a
 model and its owner: the evaluator asks the owner for it (peer to peer; the tensors are pulled
 from the owner), runs the ``validate`` task on it and returns the metrics to the server.
+
+A site serves its models only to the evaluators the server's config names, and asks for models
+only from the evaluatees and the global model client it names.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ import logging
 import threading
 from typing import Any
 
-from engine.cells import Message, Reply, Status
-from engine.executors.ccwf.client_side import ClientSideController, failed
+from engine.cells import Message, Reply
+from engine.executors.ccwf.client_side import ClientSideController, failed, owner_among, refused
 from engine.model import FLModel, ReturnCode, Shareable, carries_model, shareable_from_model
 from engine.model.ccwf import CCWF_CHANNEL, EVAL_TASK, GLOBAL_MODELS_KEY, LOCAL_MODEL, MODEL_NAME_KEY, MODEL_OWNER_KEY
 from engine.persistors import ModelPersistor
@@ -57,10 +60,16 @@ class CrossSiteEvalClientController(ClientSideController):
         self.persistor_id = persistor_id
         self.get_model_timeout = get_model_timeout
         self._models: dict[str, Shareable] = {}
+        self.evaluators: list[str] = []
+        self.evaluatees: list[str] = []
+        self.global_model_client = ""
 
     def configure(self, config: dict[str, Any]) -> Shareable | None:
         reply = Shareable()
-        if self.site in config.get("evaluatees", []):
+        self.evaluators = [str(site) for site in config.get("evaluators") or []]
+        self.evaluatees = [str(site) for site in config.get("evaluatees") or []]
+        self.global_model_client = str(config.get("global_model_client") or "")
+        if self.site in self.evaluatees:
             result = self.context.run_task(  # type: ignore[misc]
                 self.submit_model_task_name, shareable_from_model(FLModel(params={})), self.stopped
             )
@@ -86,6 +95,14 @@ class CrossSiteEvalClientController(ClientSideController):
         if name != EVAL_TASK:
             return super().handle_task(name, shareable, abort_signal)
         owner, model_name = str(shareable[MODEL_OWNER_KEY]), str(shareable[MODEL_NAME_KEY])
+        holders = self.evaluatees if model_name == LOCAL_MODEL else [self.global_model_client]
+        if not owner or owner not in holders:
+            return failed(
+                ReturnCode.BAD_TASK_DATA,
+                f"{owner} holds no model {model_name!r} to evaluate in this workflow "
+                f"(evaluatees: {', '.join(self.evaluatees) or 'none'}; "
+                f"global_model_client: {self.global_model_client or 'none'})",
+            )
         self.update_status(phase=f"evaluating {model_name} of {owner}")
         try:
             model = self._get_model(owner, model_name)
@@ -119,9 +136,12 @@ class CrossSiteEvalClientController(ClientSideController):
         return model
 
     def _on_get_model(self, message: Message) -> Reply:
+        """Serve a model of this site: only to the evaluators the config names."""
+        if owner_among(message.source, self.evaluators) is None:
+            evaluators = ", ".join(self.evaluators) or "none"
+            return refused(message, f"{message.source} is not one of the evaluators ({evaluators}); no model for it")
         name = str(message.header.get(MODEL_NAME_KEY))
         model = self._models.get(name)
         if model is None:
-            reason = f"{self.site} has no model {name!r} (it has: {', '.join(self._models) or 'none'})"
-            return Reply(header={"reason": reason}, status=Status.ERROR, reason=reason)
+            return refused(message, f"{self.site} has no model {name!r} (it has: {', '.join(self._models) or 'none'})")
         return Reply(header={}, frames=self.codec.encode(model, receivers=[message.source]))

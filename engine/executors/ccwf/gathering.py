@@ -19,7 +19,7 @@ class RoundGathering:
 
     Results are folded into the aggregator as they arrive (`take`); `wait_done` applies the
     round's exit rule: every trainer answered, or enough did and the extra wait passed, or the
-    round timed out.
+    round timed out. Each trainer sends one result a round (`claim`).
     """
 
     number: int
@@ -29,12 +29,21 @@ class RoundGathering:
     failed: dict[str, str] = dataclasses.field(default_factory=dict)
     started: float = dataclasses.field(default_factory=time.monotonic)
     closed: bool = False
+    claimed: set[str] = dataclasses.field(default_factory=set)
     _changed: threading.Condition = dataclasses.field(default_factory=threading.Condition)
 
     def set_base(self, data: Shareable) -> None:
         with self._changed:
             self.base = data
             self._changed.notify_all()
+
+    def claim(self, site: str) -> bool:
+        """Note that ``site`` sent its result; False when it already did, or is not a trainer of the round."""
+        with self._changed:
+            if site not in self.trainers or site in self.claimed:
+                return False
+            self.claimed.add(site)
+            return True
 
     def take(self, site: str, result: Shareable, aggregator: Aggregator) -> None:
         """Fold one trainer's result into the aggregator (one at a time), or record why not."""

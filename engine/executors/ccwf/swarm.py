@@ -5,7 +5,8 @@ aggregation client, which folds them into a weighted sum as they arrive, applies
 saves it, and starts the next round with another aggregation client; after the last round the
 final model goes to the result clients. Messages go client to client over the cells (routed
 through the server cell); tensors are pulled by whoever receives them, from the client that has
-them, with the job's chunk sizes. The server never holds a model.
+them, with the job's chunk sizes. The server never holds a model. A client takes a peer's
+message only from the site the config names for it, for the round it expects (`SwarmRoles`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from typing import Any
 from engine.aggregators import Aggregator
 from engine.cells import Message, Reply, Status
 from engine.errors import CellError, CellRemoteError
-from engine.executors.ccwf.client_side import ClientSideController
+from engine.executors.ccwf.client_side import ClientSideController, owner_among, refused
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy, rotate
+from engine.executors.ccwf.swarm_roles import SwarmRoles
 from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable
 from engine.model.ccwf import CCWF_CHANNEL
 from engine.persistors import ModelPersistor
@@ -153,11 +155,7 @@ class SwarmClientController(ClientSideController):
                 f"shareable_generator_id: {self.shareable_generator_id!r} is a {type(self.generator).__name__}, "
                 "not a shareable generator"
             )
-        self.start_round = int(config["start_round"])
-        self.end_round = self.start_round + int(config["num_rounds"])
-        self.train_clients = list(config["train_clients"])
-        self.aggr_clients = list(config["aggr_clients"])
-        self.result_clients = list(config["result_clients"])
+        self.roles = SwarmRoles.from_config(self.site, config)
         if config.get("starting_client") and config["starting_client"] != self.site:
             self.persistor.drop_initial_model()  # another client starts the swarm
         if self.download_to_disk:
@@ -175,7 +173,7 @@ class SwarmClientController(ClientSideController):
 
     def start_workflow(self) -> Shareable | None:
         model = self.persistor.load_model()
-        self._start_round(self.start_round, model)
+        self._start_round(self.roles.start_round, model)
         return None
 
     def finalize(self) -> None:
@@ -198,12 +196,13 @@ class SwarmClientController(ClientSideController):
         data = self.generator.learnable_to_shareable(model)
         del model
         data.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
-        data.set_header(ReservedHeaderKey.TOTAL_ROUNDS, self.end_round)
+        data.set_header(ReservedHeaderKey.TOTAL_ROUNDS, self.roles.end_round)
+        trainers = self.roles.train_clients
         unreachable: list[str] = []
-        candidates = rotate(self.aggr_clients, current_round)
+        candidates = rotate(list(self.roles.aggr_clients), current_round)
         for aggr in candidates:
-            header = {"round": current_round, "aggr": aggr, "trainers": self.train_clients}
-            peers = [site for site in dict.fromkeys([aggr, *self.train_clients]) if site != self.site]
+            header = {"round": current_round, "aggr": aggr}
+            peers = [site for site in dict.fromkeys([aggr, *trainers]) if site != self.site]
             offers: list[str] = []
             frames = self.codec.encode(data, receivers=peers, offers=offers) if peers else []
             if self._deliver(aggr, header, data, frames, offers):
@@ -215,13 +214,13 @@ class SwarmClientController(ClientSideController):
                 f"round {current_round}: no aggregation client took the model "
                 f"(aggr_clients: {', '.join(candidates)}; {self.learn_task_ack_timeout:g} s each)"
             )
-        for trainer in self.train_clients:
+        for trainer in trainers:
             if trainer != aggr and not self._deliver(trainer, header, data, frames, offers):
                 unreachable.append(trainer)
                 self._service.drop_receiver(offers, trainer)
         if unreachable:
             log.warning("round %d: not delivered to %s", current_round, ", ".join(unreachable))
-        log.info("round started round=%d aggr=%s trainers=%s", current_round, aggr, self.train_clients)
+        log.info("round started round=%d aggr=%s trainers=%s", current_round, aggr, trainers)
 
     def _deliver(
         self, site: str, header: dict[str, Any], data: Shareable, frames: list[Any], offers: list[str]
@@ -249,18 +248,23 @@ class SwarmClientController(ClientSideController):
 
     def _on_learn(self, message: Message) -> Reply:
         header = dict(message.header)
+        why = self.roles.learn_refusal(message.source, header)
+        if why:
+            return refused(message, why)
         self._accept_learn(header, list(message.frames), [], sender=message.source)
         return Reply(header={})
 
     def _accept_learn(self, header: dict[str, Any], payload: Any, served: list[str], sender: str | None = None) -> None:
         """Queue the round's model for the learner; ``served``: offers of it that peers are pulling.
 
-        ``sender``: the cell that sent frames (its references must be its own data); None for a
-        model this client made itself.
+        ``sender``: the cell that sent frames (its references must be its own data), already
+        admitted by `SwarmRoles.learn_refusal`; None for a model this client made itself.
         """
         current_round = int(header["round"])
+        if sender is None:
+            self.roles.record_learn(current_round, str(header["aggr"]))
         if header["aggr"] == self.site:
-            self._round(current_round, list(header["trainers"]))
+            self._round(current_round)
         self._inbox.put((header, payload, served, sender))
 
     def _learn_loop(self) -> None:
@@ -278,14 +282,14 @@ class SwarmClientController(ClientSideController):
 
     def _learn(self, header: dict[str, Any], payload: Any, served: list[str], sender: str | None = None) -> None:
         current_round, aggr = int(header["round"]), str(header["aggr"])
-        trains = self.site in header["trainers"]
+        trains = self.roles.trains
         self.update_status(round=current_round, phase="receiving")
         data = payload if isinstance(payload, Shareable) else self.codec.decode(payload, sender=sender)
         del payload
         if trains and served:
             data = self._train_after_peers(data, served)
         if aggr == self.site:
-            self._round(current_round, list(header["trainers"])).set_base(data)
+            self._round(current_round).set_base(data)
         if not trains:
             self.update_status(phase="aggregating" if aggr == self.site else "idle")
             return
@@ -297,9 +301,11 @@ class SwarmClientController(ClientSideController):
         result.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
         self.update_status(phase="submitting")
         if aggr == self.site:
-            self._round(current_round, list(header["trainers"])).take(self.site, result, self.aggregator)
+            entry = self._round(current_round)
+            if entry.claim(self.site):
+                entry.take(self.site, result, self.aggregator)
         else:
-            self._submit(aggr, current_round, list(header["trainers"]), result)
+            self._submit(aggr, current_round, result)
         self.update_status(phase="idle")
 
     def _train_after_peers(self, data: Shareable, served: list[str]) -> Shareable:
@@ -317,11 +323,11 @@ class SwarmClientController(ClientSideController):
         log.warning("peers stopped pulling the round's model for %.0f s; training a copy", idle_limit_s)
         return private_copy(data)
 
-    def _submit(self, aggr: str, current_round: int, trainers: list[str], result: Shareable) -> None:
+    def _submit(self, aggr: str, current_round: int, result: Shareable) -> None:
         """Offer the result to the aggregation client, which pulls its tensors when it can."""
         frames = self.codec.encode(result, receivers=[aggr])
         ok = result.get_return_code() is ReturnCode.OK
-        header = {"round": current_round, "trainers": trainers, "ok": ok}
+        header = {"round": current_round, "ok": ok}
         deadline = time.monotonic() + self.submit_max_wait
         while not self.stopped.is_set():
             try:
@@ -341,26 +347,33 @@ class SwarmClientController(ClientSideController):
 
     # ----------------------------------------------------------------- aggregating a round
 
-    def _round(self, current_round: int, trainers: list[str]) -> RoundGathering:
+    def _round(self, current_round: int) -> RoundGathering:
         """The round this client aggregates (made, and its gathering thread started, on first use)."""
         with self._rounds_lock:
             entry = self._rounds.get(current_round)
             if entry is None:
-                entry = RoundGathering(current_round, trainers)
+                entry = RoundGathering(current_round, list(self.roles.train_clients))
                 self._rounds[current_round] = entry
                 self._spawn(lambda: self._gather(entry), f"round-{current_round}")
             return entry
 
     def _on_result(self, message: Message) -> Reply:
+        """A trainer's result: taken once a round, from a train client, for a round this client aggregates."""
+        why = self.roles.result_refusal(message.source, message.header)
+        if why:
+            return refused(message, why)
         current_round = int(message.header["round"])
-        site = message.source.split(".", 1)[0]
+        site = owner_among(message.source, self.roles.train_clients)
+        assert site is not None  # result_refusal checked it
         with self._rounds_lock:
             entry = self._rounds.get(current_round)
-            closed = entry is None and current_round <= self._closed_up_to
-        if closed or (entry is not None and entry.closed):
-            reason = f"round {current_round} is closed at {self.site}: the result came too late"
-            return Reply(header={"reason": reason}, status=Status.ERROR, reason=reason)
-        entry = self._round(current_round, list(message.header.get("trainers") or []))
+            closed = current_round <= self._closed_up_to
+        if entry is None or entry.closed:
+            if closed or entry is not None:
+                return refused(message, f"round {current_round} is closed at {self.site}: the result came too late")
+            return refused(message, f"{self.site} does not aggregate round {current_round}")
+        if not entry.claim(site):
+            return refused(message, f"{site} already sent its result for round {current_round}")
         if not message.header.get("ok", True):
             entry.fail(site, "the trainer's task failed")
             return Reply(header={})
@@ -429,7 +442,7 @@ class SwarmClientController(ClientSideController):
         self.update_status(rounds_done=[*self.status.rounds_done, done])
         log.info("round aggregated round=%d results=%d", entry.number, len(entry.accepted))
         following = entry.number + 1
-        if following < self.end_round:
+        if following < self.roles.end_round:
             self._start_round(following, model)
             self.update_status(phase="idle")
             return
@@ -440,14 +453,14 @@ class SwarmClientController(ClientSideController):
 
     def _distribute_final(self, model: FLModel) -> None:
         """Send the final model to every result client; each pulls and saves it before answering."""
-        others = [site for site in self.result_clients if site != self.site]
+        others = [site for site in self.roles.result_clients if site != self.site]
         data = self.generator.learnable_to_shareable(model)
         frames = self.codec.encode(data, receivers=others) if others else []
         replies = self.cell.broadcast(
             others,
             CCWF_CHANNEL,
             self._topic(FINAL),
-            {"round": self.end_round - 1},
+            {"round": self.roles.end_round - 1},
             frames,
             self.final_result_ack_timeout,
         )
@@ -457,11 +470,18 @@ class SwarmClientController(ClientSideController):
         self.persistor.flush()
 
     def _on_final(self, message: Message) -> Reply:
-        data = self.codec.decode(list(message.frames), sender=message.source)
+        """The final model: saved once, on a result client, from the last round's aggregation client."""
+        why = self.roles.final_refusal(message.source, message.header)
+        if why:
+            return refused(message, why)
+        data = None
         try:
+            data = self.codec.decode(list(message.frames), sender=message.source)
             model = model_from_shareable(data)
             self.persistor.save_model(dataclasses.replace(model, params=in_memory(model.params or {})))
             self.persistor.flush()
+        except Exception as e:  # answered, never raised into the cell's pool
+            return refused(message, f"the final model could not be saved: {type(e).__name__}: {e}")
         finally:
             cleanup_lazy_refs(data)
         self.update_status(phase="done")

@@ -1,0 +1,191 @@
+"""`SwarmRoles`: which peer may send a Swarm client what, from the workflow's config.
+
+Every cell connection is authenticated, so a message's source is the site that sent it (or a
+child cell of that site); but a site with a valid key can still lie about its role or its round.
+A Swarm client therefore takes a round's model, a result or the final model only from the
+sites the server's config names for that role, and only for the round it expects:
+
+- the first round's model from the ``starting_client``; a later round's from an aggregation
+  client, namely the one that aggregated the previous round when this client took part in it;
+- rounds in order: never one it already took, never one outside the job's rounds, and a
+  trainer (which takes every round) only the one after its last;
+- a result only from a ``train_clients`` site (the round and once-per-round checks belong to the
+  round being gathered, see `RoundGathering.claim`);
+- the final model only on a result client, for the last round, once, from the last round's
+  aggregation client (a result client that does not train cannot tell which that was: it takes
+  the first from any aggregation client).
+
+The checks answer a reason instead of raising: the controller answers it to the peer as an
+error status and the job goes on as if the message never came.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engine.executors.ccwf.client_side import owner_among
+
+#: Header keys of Swarm's peer messages: the round, and the round's aggregation client.
+ROUND_KEY, AGGR_KEY = "round", "aggr"
+
+
+@dataclasses.dataclass
+class SwarmRoles:
+    """The roles of a swarm's clients as one client sees them, and the rounds it has taken.
+
+    Thread-safe: the cell's handlers call it from several threads.
+
+    Args:
+        site: This client's name.
+        start_round: The first round's number.
+        end_round: One past the last round's number.
+        train_clients: The clients that train every round.
+        aggr_clients: The clients that may aggregate a round.
+        result_clients: The clients that receive the final model.
+        starting_client: The client that sends the first round's model.
+
+    Example:
+        >>> roles = SwarmRoles.from_config("site-2", {"start_round": 0, "num_rounds": 2,
+        ...     "train_clients": ["site-1", "site-2"], "aggr_clients": ["site-1", "site-2"],
+        ...     "result_clients": ["site-1", "site-2"], "starting_client": "site-1"})
+        >>> roles.learn_refusal("site-3", {"round": 0, "aggr": "site-1"})
+        "site-3 may not send round 0's model: it is not the starting_client (site-1)"
+        >>> roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+        True
+    """
+
+    site: str
+    start_round: int
+    end_round: int
+    train_clients: Sequence[str]
+    aggr_clients: Sequence[str]
+    result_clients: Sequence[str]
+    starting_client: str
+    _last_round: int | None = dataclasses.field(default=None, init=False)
+    _last_aggr: str = dataclasses.field(default="", init=False)
+    _final_taken: bool = dataclasses.field(default=False, init=False)
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
+
+    @classmethod
+    def from_config(cls, site: str, config: Mapping[str, Any]) -> SwarmRoles:
+        """The roles in the server's ``swarm_config`` (``start_round``, ``num_rounds``, the client lists).
+
+        Raises:
+            KeyError: A key is missing.
+            ValueError: A round number is not an integer.
+        """
+        start_round = int(config["start_round"])
+        return cls(
+            site=site,
+            start_round=start_round,
+            end_round=start_round + int(config["num_rounds"]),
+            train_clients=list(config["train_clients"]),
+            aggr_clients=list(config["aggr_clients"]),
+            result_clients=list(config["result_clients"]),
+            starting_client=str(config.get("starting_client") or ""),
+        )
+
+    @property
+    def trains(self) -> bool:
+        """Whether this client trains every round."""
+        return self.site in self.train_clients
+
+    def learn_refusal(self, sender: str, header: Mapping[str, Any]) -> str | None:
+        """Why a round's model from ``sender`` is refused; None when it is taken (and recorded).
+
+        Args:
+            sender: The message's authenticated source.
+            header: The message's header (``round``, ``aggr``).
+        """
+        current_round, why = _round_of(header)
+        if why:
+            return why
+        aggr = header.get(AGGR_KEY)
+        if not isinstance(aggr, str) or aggr not in self.aggr_clients:
+            aggrs = ", ".join(self.aggr_clients)
+            return (
+                f"round {current_round}'s model names {aggr!r} as its aggregation client: not in aggr_clients ({aggrs})"
+            )
+        why = self._rounds_refusal(current_round)
+        if why:
+            return why
+        if not self.trains and aggr != self.site:
+            return f"{self.site} neither trains nor aggregates round {current_round}"
+        with self._lock:
+            if self._last_round is not None and current_round <= self._last_round:
+                return f"round {current_round} is past: {self.site} already took round {self._last_round}"
+            if self.trains:
+                expected = self.start_round if self._last_round is None else self._last_round + 1
+                if current_round != expected:
+                    return f"round {current_round} is ahead: {self.site} trains round {expected} next"
+            why = self._sender_refusal(sender, current_round)
+            if why:
+                return why
+            self._last_round, self._last_aggr = current_round, aggr
+        return None
+
+    def record_learn(self, current_round: int, aggr: str) -> None:
+        """Note a round's model this client gave itself (it started the round)."""
+        with self._lock:
+            if self._last_round is None or current_round > self._last_round:
+                self._last_round, self._last_aggr = current_round, aggr
+
+    def result_refusal(self, sender: str, header: Mapping[str, Any]) -> str | None:
+        """Why a trainer's result from ``sender`` is refused at once; None: see the round's own checks."""
+        current_round, why = _round_of(header)
+        if why:
+            return why
+        if owner_among(sender, self.train_clients) is None:
+            return f"{sender} is not one of train_clients ({', '.join(self.train_clients)}); its result is refused"
+        return self._rounds_refusal(current_round)
+
+    def final_refusal(self, sender: str, header: Mapping[str, Any]) -> str | None:
+        """Why the final model from ``sender`` is refused; None when it is taken (only once)."""
+        if self.site not in self.result_clients:
+            return f"{self.site} is not one of result_clients"
+        final_round, why = _round_of(header)
+        if why:
+            return why
+        if final_round != self.end_round - 1:
+            return f"round {final_round} is not this swarm's last round ({self.end_round - 1})"
+        with self._lock:
+            if self._final_taken:
+                return f"{self.site} already took the final model"
+            if self._last_round == final_round:
+                expected, role = [self._last_aggr], f"the last round's aggregation client ({self._last_aggr})"
+            elif self.trains:  # a trainer takes every round: the final model cannot come first
+                return f"{self.site} has not taken round {final_round} yet; a final model cannot come before it"
+            else:
+                expected, role = list(self.aggr_clients), f"one of aggr_clients ({', '.join(self.aggr_clients)})"
+            if owner_among(sender, expected) is None:
+                return f"{sender} may not send the final model: it is not {role}"
+            self._final_taken = True
+        return None
+
+    def _rounds_refusal(self, current_round: int) -> str | None:
+        if not self.start_round <= current_round < self.end_round:
+            return f"round {current_round} is not a round of this swarm ({self.start_round} to {self.end_round - 1})"
+        return None
+
+    def _sender_refusal(self, sender: str, current_round: int) -> str | None:
+        """Whether ``sender`` is who sends round ``current_round``'s model (called with the lock held)."""
+        if current_round == self.start_round:
+            expected, role = [self.starting_client], f"the starting_client ({self.starting_client})"
+        elif self._last_round == current_round - 1:
+            expected, role = [self._last_aggr], f"round {self._last_round}'s aggregation client ({self._last_aggr})"
+        else:
+            expected, role = list(self.aggr_clients), f"one of aggr_clients ({', '.join(self.aggr_clients)})"
+        if owner_among(sender, expected) is None:
+            return f"{sender} may not send round {current_round}'s model: it is not {role}"
+        return None
+
+
+def _round_of(header: Mapping[str, Any]) -> tuple[int, str]:
+    """The header's round number, or a reason when it has none (an int, never a bool)."""
+    value = header.get(ROUND_KEY)
+    if type(value) is not int:
+        return -1, f"the message names no round number (round={value!r})"
+    return value, ""

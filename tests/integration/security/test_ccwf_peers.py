@@ -1,0 +1,321 @@
+"""Client-controlled workflows over real CURVE cells while sites with valid keys lie to their peers:
+a site outside the swarm, and a child cell of a swarm site, send round models, results and final
+models out of turn; a site that is no evaluator asks for a model. Each is refused with an error
+reply, and the swarm still ends with the exact model."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.aggregators import DXOAggregator
+from engine.cells import CellSettings, Message, Status
+from engine.executors.ccwf import CrossSiteEvalClientController, SwarmClientController
+from engine.executors.ccwf.client_side import ClientSideController
+from engine.executors.executor import ExecutorContext
+from engine.model import DXO, DataKind, FLModel, ReturnCode, Shareable, model_from_shareable, shareable_from_model
+from engine.model.ccwf import CCWF_CHANNEL, CONFIG_KEY, MODEL_NAME_KEY, MODEL_OWNER_KEY, WorkflowStatus
+from engine.persistors import ModelPersistor
+from engine.security import write_site_key_folders
+from engine.site import SiteEndpoint, SiteSettings
+from engine.workflows import FullModelShareableGenerator
+
+SWARM = ["site-1", "site-2"]
+FAST = CellSettings(heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0)
+WAIT_S = 20.0
+INITIAL = torch.arange(4, dtype=torch.float64)
+STEP = {"site-1": 0.1, "site-2": 0.2}  # what each site's training adds; equal weights
+ROUNDS = 2
+FINAL = INITIAL + ROUNDS * (STEP["site-1"] + STEP["site-2"]) / 2
+
+
+class MemoryPersistor(ModelPersistor):
+    """Starts from ``INITIAL`` and keeps every saved model in memory."""
+
+    def __init__(self) -> None:
+        self.saved: list[FLModel] = []
+
+    def load_model(self) -> FLModel:
+        return self.saved[-1] if self.saved else FLModel(params={"w": INITIAL.clone()})
+
+    def save_model(self, model: FLModel) -> Path:
+        self.saved.append(model)
+        return Path("memory")
+
+
+class Site:
+    """One client job of the workflow: its endpoint, its controller, its status reports."""
+
+    def __init__(self, endpoint: SiteEndpoint, controller: ClientSideController, workspace: Path) -> None:
+        self.name = endpoint.cell.fqcn
+        self.endpoint = endpoint
+        self.controller = controller
+        self.persistor = MemoryPersistor()
+        self.statuses: list[WorkflowStatus] = []
+        self.hold: dict[int, threading.Event] = {}  # round -> released when training may finish
+        self.changed = threading.Condition()
+        controller.initialize(
+            ExecutorContext(
+                self.name,
+                "job-1",
+                workspace,
+                components={
+                    "persistor": self.persistor,
+                    "aggregator": DXOAggregator(expected_data_kind="WEIGHTS"),
+                    "shareable_generator": FullModelShareableGenerator(),
+                },
+                cell=endpoint.cell,
+                codec=endpoint.codec,
+                run_task=self.run_task,
+                report_status=self.report,
+            )
+        )
+
+    def run_task(self, name: str, data: Shareable, abort: threading.Event) -> Shareable:
+        """The site's trainer: ``train`` adds the site's step; ``submit_model`` and ``validate`` for cse."""
+        if name == "submit_model":
+            reply = shareable_from_model(FLModel(params={"w": INITIAL + STEP[self.name]}))
+        elif name == "validate":
+            mean = model_from_shareable(data).params["w"].mean().item()
+            reply = shareable_from_model(FLModel(metrics={"mean": mean}))
+        else:
+            dxo = DXO.from_shareable(data)
+            current_round = data.get_header("current_round")
+            if current_round in self.hold:
+                assert self.hold[current_round].wait(WAIT_S)
+            new = {"w": dxo.data["w"] + STEP[self.name]}
+            reply = DXO(DataKind.WEIGHTS, new, {"NUM_STEPS_CURRENT_ROUND": 1}).to_shareable()
+        reply.set_return_code(ReturnCode.OK)
+        return reply
+
+    def report(self, status: WorkflowStatus) -> None:
+        with self.changed:
+            self.statuses.append(status)
+            self.changed.notify_all()
+
+    def wait_status(self, what: str, predicate) -> WorkflowStatus:
+        deadline = time.monotonic() + WAIT_S
+        with self.changed:
+            while True:
+                found = [status for status in self.statuses if predicate(status)]
+                if found:
+                    return found[-1]
+                left = deadline - time.monotonic()
+                assert left > 0, f"{self.name}: no status where {what} in {WAIT_S} s: {self.statuses[-3:]}"
+                self.changed.wait(left)
+
+    def execute(self, task: str, data: Shareable | None = None) -> Shareable:
+        return self.controller.execute(task, data if data is not None else Shareable(), threading.Event())
+
+    def errors(self) -> list[str]:
+        return [status.error for status in self.statuses if status.error]
+
+
+class Network:
+    """A keyed server cell, the workflow's sites, and liars with valid keys of their own."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.keys = write_site_key_folders(folder / "keys", "server", [*SWARM, "site-3"])
+        self.endpoints: list[SiteEndpoint] = []
+        self.sites: dict[str, Site] = {}
+        self.server = self.open("server")
+
+    def open(self, site: str, name: str | None = None) -> SiteEndpoint:
+        connect_to = None if site == "server" else self.server.cell.endpoint
+        settings = SiteSettings(site, FAST, self.keys[site])
+        endpoint = SiteEndpoint.for_site(settings, {}, connect_to=connect_to, cell_name=name).start()
+        self.endpoints.append(endpoint)
+        if connect_to is not None:
+            assert endpoint.cell.wait_connected(WAIT_S), endpoint.cell.link_error
+        return endpoint
+
+    def start_sites(self, make_controller) -> dict[str, Site]:
+        for name in SWARM:
+            workspace = self.folder / name
+            workspace.mkdir()
+            self.sites[name] = Site(self.open(name), make_controller(), workspace)
+        return self.sites
+
+    def close(self) -> None:
+        for site in self.sites.values():
+            site.controller.finalize()
+        for endpoint in reversed(self.endpoints):
+            endpoint.close()
+
+
+@pytest.fixture
+def network(tmp_path: Path) -> Iterator[Network]:
+    network = Network(tmp_path)
+    try:
+        yield network
+    finally:
+        network.close()
+
+
+SWARM_CONFIG = {
+    "num_rounds": ROUNDS,
+    "start_round": 0,
+    "participants": SWARM,
+    "status_interval": 5.0,
+    "aggr_clients": SWARM,
+    "train_clients": SWARM,
+    "result_clients": SWARM,
+    "starting_client": "site-1",
+}
+
+
+def start_swarm(network: Network) -> dict[str, Site]:
+    sites = network.start_sites(
+        lambda: SwarmClientController(
+            min_responses_required=2,
+            wait_time_after_min_resps_received=0,
+            learn_task_timeout=30,
+            learn_task_ack_timeout=5,
+        )
+    )
+    for site in sites.values():
+        assert site.execute("swarm_config", Shareable({CONFIG_KEY: dict(SWARM_CONFIG)})).get_return_code() is (
+            ReturnCode.OK
+        )
+    return sites
+
+
+def send(liar: SiteEndpoint, target: str, topic: str, header: dict[str, Any], value: float = 1000.0) -> Message:
+    """``liar`` sends ``target`` a Swarm message carrying a model of its own; the reply (never raised)."""
+    model = DXO(DataKind.WEIGHTS, {"w": torch.full((4,), value, dtype=torch.float64)}, {"NUM_STEPS_CURRENT_ROUND": 1})
+    data = model.to_shareable()
+    data.set_return_code(ReturnCode.OK)
+    frames = liar.codec.encode(data, receivers=[target])
+    header = {**header, "trainers": SWARM}  # as senders before the role checks wrote it
+    return liar.cell.request_async(target, CCWF_CHANNEL, f"swarm_{topic}", header, frames).result(WAIT_S)
+
+
+def assert_refused(reply: Message, reason: str) -> None:
+    assert reply.status is Status.ERROR, f"taken, not refused: {reply.header}"
+    assert reason in reply.reason, reply.reason
+
+
+def finish_swarm(sites: dict[str, Site]) -> None:
+    """Start the swarm at site-1 and wait until it is done; both sites end with the exact model."""
+    assert sites["site-1"].execute("swarm_start").get_return_code() is ReturnCode.OK
+    for site in sites.values():
+        site.wait_status("the final model is saved", lambda status: status.phase == "done" or bool(status.error))
+    for site in sites.values():
+        assert site.errors() == []
+        final = site.persistor.saved[-1]
+        assert torch.allclose(final.params["w"], FINAL, rtol=0, atol=1e-12), (site.name, final.params["w"])
+
+
+def test_a_site_outside_the_swarm_is_refused_every_message_and_the_swarm_finishes_exact(
+    network: Network, caplog: pytest.LogCaptureFixture
+) -> None:
+    sites = start_swarm(network)
+    outsider = network.open("site-3")
+
+    with caplog.at_level(logging.WARNING, logger="engine.executors.ccwf"):
+        learn = {target: send(outsider, target, "learn", {"round": 0, "aggr": "site-1"}) for target in SWARM}
+        result = send(outsider, "site-1", "result", {"round": 0, "ok": True})
+        final = {target: send(outsider, target, "final", {"round": ROUNDS - 1}) for target in SWARM}
+        finish_swarm(sites)
+        late_final = send(outsider, "site-1", "final", {"round": ROUNDS - 1})
+
+    for target in SWARM:
+        assert_refused(learn[target], "site-3 may not send round 0's model: it is not the starting_client (site-1)")
+    assert_refused(result, "site-3 is not one of train_clients (site-1, site-2)")
+    assert_refused(final["site-1"], "site-1 has not taken round 1 yet")
+    assert_refused(final["site-2"], "site-2 has not taken round 1 yet")
+    assert_refused(late_final, "site-1 already took the final model")
+    assert "peer message refused: from=site-3 topic=swarm_learn reason=site-3 may not send" in caplog.text
+
+
+def test_a_swarm_site_cannot_send_rounds_out_of_turn_nor_a_second_result(network: Network) -> None:
+    sites = start_swarm(network)
+    liar = network.open("site-2", name="site-2.liar")  # site-2's key: a configured trainer and aggregator
+    outsider = network.open("site-3")
+
+    early = {
+        "round 1's model first": send(liar, "site-1", "learn", {"round": 1, "aggr": "site-2"}),
+        "round 0's model": send(liar, "site-1", "learn", {"round": 0, "aggr": "site-2"}),
+        "a round past the last": send(liar, "site-1", "learn", {"round": ROUNDS, "aggr": "site-1"}),
+        "a round as text": send(liar, "site-1", "learn", {"round": "0", "aggr": "site-1"}),
+        "a result for round 0": send(liar, "site-1", "result", {"round": 0, "ok": True}),
+        "a result far ahead": send(liar, "site-1", "result", {"round": 10**6, "ok": True}),
+    }
+    sites["site-1"].hold[0] = threading.Event()  # site-1 aggregates round 0 and trains it slowly
+    assert sites["site-1"].execute("swarm_start").get_return_code() is ReturnCode.OK
+    sites["site-2"].wait_status("site-2 handed in round 0", lambda s: s.round == 0 and s.phase == "idle")
+    during = {
+        "a second result": send(liar, "site-1", "result", {"round": 0, "ok": True}),
+        "a failed second result": send(liar, "site-1", "result", {"round": 0, "ok": False}),
+        "an outsider's result": send(outsider, "site-1", "result", {"round": 0, "ok": True}),
+        "a past round": send(liar, "site-1", "result", {"round": -1, "ok": True}),
+    }
+    sites["site-1"].hold[0].set()
+    for site in sites.values():
+        site.wait_status("the final model is saved", lambda status: status.phase == "done" or bool(status.error))
+
+    assert_refused(early["round 1's model first"], "round 1 is ahead: site-1 trains round 0 next")
+    assert_refused(early["round 0's model"], "site-2.liar may not send round 0's model")
+    assert_refused(early["a round past the last"], f"round {ROUNDS} is not a round of this swarm")
+    assert_refused(early["a round as text"], "the message names no round number (round='0')")
+    assert_refused(early["a result for round 0"], "site-1 does not aggregate round 0")
+    assert_refused(early["a result far ahead"], "round 1000000 is not a round of this swarm (0 to 1)")
+    assert_refused(during["a second result"], "site-2 already sent its result for round 0")
+    assert_refused(during["a failed second result"], "site-2 already sent its result for round 0")
+    assert_refused(during["an outsider's result"], "site-3 is not one of train_clients")
+    assert_refused(during["a past round"], "round -1 is not a round of this swarm")
+    for site in sites.values():
+        assert site.errors() == []
+        assert torch.allclose(site.persistor.saved[-1].params["w"], FINAL, rtol=0, atol=1e-12), site.name
+    [done_0] = [d for d in sites["site-1"].statuses[-1].rounds_done if d["round"] == 0]
+    assert done_0["clients"] == SWARM
+
+
+CSE_CONFIG = {
+    "participants": SWARM,
+    "status_interval": 5.0,
+    "evaluators": ["site-2"],
+    "evaluatees": SWARM,
+    "global_model_client": "site-1",
+    "starting_client": "",
+}
+
+
+def test_only_a_named_evaluator_gets_a_sites_model(network: Network) -> None:
+    sites = network.start_sites(CrossSiteEvalClientController)
+    for site in sites.values():
+        assert site.execute("cse_config", Shareable({CONFIG_KEY: dict(CSE_CONFIG)})).get_return_code() is (
+            ReturnCode.OK
+        )
+    outsider = network.open("site-3")
+
+    asked = {
+        name: endpoint.cell.request_async("site-1", CCWF_CHANNEL, "cse_get_model", {MODEL_NAME_KEY: "local"}).result(
+            WAIT_S
+        )
+        for name, endpoint in [("site-3", outsider), ("site-1's peer site-2", sites["site-2"].endpoint)]
+    }
+    evaluated = sites["site-2"].execute("cse_eval", Shareable({MODEL_OWNER_KEY: "site-1", MODEL_NAME_KEY: "local"}))
+    stranger_owner = sites["site-2"].execute(
+        "cse_eval", Shareable({MODEL_OWNER_KEY: "site-3", MODEL_NAME_KEY: "local"})
+    )
+    not_an_evaluator = sites["site-1"].execute(
+        "cse_eval", Shareable({MODEL_OWNER_KEY: "site-2", MODEL_NAME_KEY: "local"})
+    )
+
+    assert_refused(asked["site-3"], "site-3 is not one of the evaluators (site-2); no model for it")
+    assert asked["site-1's peer site-2"].status is Status.OK
+    assert evaluated.get_return_code() is ReturnCode.OK
+    assert model_from_shareable(evaluated).metrics["mean"] == pytest.approx((INITIAL + STEP["site-1"]).mean().item())
+    assert stranger_owner.get_return_code() is ReturnCode.BAD_TASK_DATA
+    assert "site-3 holds no model 'local' to evaluate in this workflow" in stranger_owner.get_header("reason")
+    assert not_an_evaluator.get_return_code() is ReturnCode.EXECUTION_EXCEPTION  # site-2 will not serve site-1
+    assert "site-1 is not one of the evaluators (site-2)" in not_an_evaluator.get_header("reason")

@@ -1,0 +1,153 @@
+"""Who may send a Swarm client what (`SwarmRoles`), and one result per trainer and round
+(`RoundGathering.claim`): plain objects, no sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.executors.ccwf.client_side import owner_among
+from engine.executors.ccwf.gathering import RoundGathering
+from engine.executors.ccwf.swarm_roles import SwarmRoles
+
+SWARM = ["site-1", "site-2"]
+
+
+def roles(site: str = "site-2", **changes) -> SwarmRoles:
+    config = {
+        "start_round": 0,
+        "num_rounds": 3,
+        "train_clients": SWARM,
+        "aggr_clients": SWARM,
+        "result_clients": SWARM,
+        "starting_client": "site-1",
+    }
+    return SwarmRoles.from_config(site, {**config, **changes})
+
+
+@pytest.mark.parametrize(
+    ("sender", "header", "reason"),
+    [
+        (
+            "site-3",
+            {"round": 0, "aggr": "site-1"},
+            "site-3 may not send round 0's model: it is not the starting_client",
+        ),
+        ("site-2.x", {"round": 0, "aggr": "site-1"}, "site-2.x may not send round 0's model"),
+        (
+            "site-1",
+            {"round": 0, "aggr": "site-3"},
+            "names 'site-3' as its aggregation client: not in aggr_clients (site-1, site-2)",
+        ),
+        ("site-1", {"round": 1, "aggr": "site-1"}, "round 1 is ahead: site-2 trains round 0 next"),
+        ("site-1", {"round": 3, "aggr": "site-1"}, "round 3 is not a round of this swarm (0 to 2)"),
+        ("site-1", {"round": -1, "aggr": "site-1"}, "round -1 is not a round of this swarm"),
+        ("site-1", {"round": "0", "aggr": "site-1"}, "names no round number (round='0')"),
+        ("site-1", {"round": True, "aggr": "site-1"}, "names no round number"),
+        ("site-1", {"aggr": "site-1"}, "names no round number (round=None)"),
+    ],
+    ids=[
+        "outsider",
+        "child-cell-of-a-non-starter",
+        "unknown-aggregator",
+        "a-round-ahead",
+        "past-the-last-round",
+        "before-the-first-round",
+        "round-as-text",
+        "round-as-bool",
+        "no-round",
+    ],
+)
+def test_the_first_round_comes_only_from_the_starting_client(sender: str, header: dict, reason: str) -> None:
+    assert reason in (roles().learn_refusal(sender, header) or "")
+
+
+def test_later_rounds_come_in_order_from_the_previous_rounds_aggregation_client() -> None:
+    site_2 = roles()
+
+    assert site_2.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert "round 0 is past: site-2 already took round 0" in site_2.learn_refusal(
+        "site-1", {"round": 0, "aggr": "site-1"}
+    )
+    refusal = site_2.learn_refusal("site-2.other", {"round": 1, "aggr": "site-2"})
+    assert "may not send round 1's model: it is not round 0's aggregation client (site-1)" in refusal
+    assert "round 2 is ahead" in site_2.learn_refusal("site-1", {"round": 2, "aggr": "site-1"})
+    assert site_2.learn_refusal("site-1", {"round": 1, "aggr": "site-2"}) is None
+    site_2.record_learn(2, "site-2")  # it started round 2 itself
+    assert "round 2 is past" in site_2.learn_refusal("site-1", {"round": 2, "aggr": "site-1"})
+
+
+def test_a_client_that_only_aggregates_takes_only_its_own_rounds_from_an_aggregation_client() -> None:
+    site_3 = roles("site-3", aggr_clients=["site-1", "site-3"])
+
+    assert "site-3 neither trains nor aggregates round 1" in site_3.learn_refusal(
+        "site-1", {"round": 1, "aggr": "site-1"}
+    )
+    assert "it is not one of aggr_clients" in site_3.learn_refusal("site-2", {"round": 1, "aggr": "site-3"})
+    assert site_3.learn_refusal("site-1", {"round": 1, "aggr": "site-3"}) is None
+
+
+@pytest.mark.parametrize(
+    ("sender", "header", "reason"),
+    [
+        ("site-3", {"round": 0}, "site-3 is not one of train_clients (site-1, site-2)"),
+        ("server", {"round": 0}, "server is not one of train_clients"),
+        ("site-1", {"round": 0.5}, "names no round number"),
+        ("site-1", {"round": 0}, None),
+        ("site-1", {"round": 3}, "round 3 is not a round of this swarm (0 to 2)"),
+        ("site-1.job", {"round": 2}, None),  # a train client's cell; whether it is the round's, the gathering says
+    ],
+    ids=["outsider", "server", "fractional-round", "trainer", "past-the-last-round", "trainer-child-cell"],
+)
+def test_a_result_comes_only_from_a_train_client(sender: str, header: dict, reason: str | None) -> None:
+    refusal = roles("site-1").result_refusal(sender, header)
+
+    assert refusal == reason if reason is None else reason in refusal
+
+
+def test_the_final_model_comes_once_for_the_last_round_from_its_aggregation_client() -> None:
+    site_2 = roles()
+    for current_round, aggr in enumerate(["site-1", "site-2", "site-1"]):
+        if aggr == "site-2":
+            site_2.record_learn(current_round, aggr)
+        else:
+            assert (
+                site_2.learn_refusal(
+                    "site-1" if current_round == 0 else "site-2", {"round": current_round, "aggr": aggr}
+                )
+                is None
+            )
+
+    assert "round 1 is not this swarm's last round (2)" in site_2.final_refusal("site-1", {"round": 1})
+    assert "site-2.x may not send the final model: it is not the last round's aggregation client (site-1)" in (
+        site_2.final_refusal("site-2.x", {"round": 2})
+    )
+    assert site_2.final_refusal("site-1", {"round": 2}) is None
+    assert "site-2 already took the final model" in site_2.final_refusal("site-1", {"round": 2})
+
+
+def test_a_trainer_takes_no_final_model_before_the_last_round_and_others_none_at_all() -> None:
+    assert "has not taken round 2 yet" in roles().final_refusal("site-1", {"round": 2})
+    assert "site-2 is not one of result_clients" in roles(result_clients=["site-1"]).final_refusal(
+        "site-1", {"round": 2}
+    )
+    watcher = roles("site-3", result_clients=["site-3"])  # neither trains nor aggregates
+    assert "it is not one of aggr_clients (site-1, site-2)" in watcher.final_refusal("site-4", {"round": 2})
+    assert watcher.final_refusal("site-2", {"round": 2}) is None
+
+
+def test_each_trainer_claims_one_result_a_round() -> None:
+    gathering = RoundGathering(0, SWARM)
+
+    assert gathering.claim("site-2") is True
+    assert gathering.claim("site-2") is False
+    assert gathering.claim("site-3") is False
+    assert gathering.claimed == {"site-2"}
+
+
+@pytest.mark.parametrize(
+    ("sender", "owner"),
+    [("site-1", "site-1"), ("site-1.job", "site-1"), ("site-10", None), ("server", None), ("site-1x.job", None)],
+    ids=["itself", "child-cell", "name-prefix", "server", "prefixed-child"],
+)
+def test_a_sender_belongs_to_the_site_whose_identity_owns_its_name(sender: str, owner: str | None) -> None:
+    assert owner_among(sender, ["site-1", "site-2"]) == owner
