@@ -1,19 +1,39 @@
-"""Paths that come from a job or a config stay inside the folder they belong to.
+"""Paths that come from a job or a config stay inside the folders they belong to.
 
 A job folder is hostile until checked: ``task_script_path = "../../../etc/passwd"``, an absolute
 path, or a symlink inside ``custom/`` that points elsewhere must not make a site read or write
 outside the folder the setting is about. :func:`path_inside` resolves a path (symlinks included)
-and refuses it, naming the setting, when it leaves its folder.
+and refuses it, naming the setting, when it leaves its folder; :func:`path_inside_any` does the
+same for a path that may lie in any of several folders, and :class:`JobPaths` holds the folders a
+running job's paths may name on a site: its job folder, the site's workspace, and the folders the
+site allows (a site decides those, never a job).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
+from engine.errors import FlengineError
 
-class PathOutsideError(ValueError):
-    """A path from a job or config leaves the folder it must stay in (the message names the setting)."""
+#: How a site lets a job name a folder outside the job and the workspace (for messages).
+ALLOW_DIR_HINT = "let the site allow a folder that holds it (flengine run --allow-dir DIR)"
+
+
+class PathOutsideError(FlengineError, ValueError):
+    """A path from a job or config leaves the folder it must stay in (the message names the setting).
+
+    Args:
+        setting: The setting the path came from (``download_to_disk_dir``).
+        detail: What is wrong with the path, and the fix (the message without the setting).
+    """
+
+    def __init__(self, setting: str, detail: str) -> None:
+        super().__init__(f"{setting}: {detail}")
+        self.setting = setting
+        self.detail = detail
 
 
 def path_inside(folder: Path, value: str | os.PathLike[str], setting: str, what: str = "folder") -> Path:
@@ -32,8 +52,83 @@ def path_inside(folder: Path, value: str | os.PathLike[str], setting: str, what:
     """
     base = Path(folder).resolve()
     target = (base / Path(value)).resolve()
-    if target != base and not target.is_relative_to(base):
+    if not _lies_in(target, base):
         raise PathOutsideError(
-            f"{setting}: {os.fspath(value)!r} leads to {target}, outside {what} {base}; give a path inside {what}"
+            setting, f"{os.fspath(value)!r} leads to {target}, outside {what} {base}; give a path inside {what}"
         )
     return target
+
+
+def path_inside_any(
+    folders: Sequence[Path],
+    value: str | os.PathLike[str],
+    setting: str,
+    what: str,
+    *,
+    base: Path | None = None,
+    fix: str = ALLOW_DIR_HINT,
+) -> Path:
+    """Return ``value`` resolved, or raise `PathOutsideError` if it lies in none of ``folders``.
+
+    Args:
+        folders: The folders the path may lie in (they need not exist yet); at least one.
+        value: The path as the config gives it; a relative one starts at ``base``.
+        setting: The setting's name, for the message (``download_to_disk_dir``).
+        what: How to call the folders in the message (``the workspace and the folders the site allows``).
+        base: Where a relative path starts; the first of ``folders`` by default.
+        fix: What else the user can do besides giving a path inside one of ``folders``.
+
+    Example:
+        >>> folders = [Path("/ws/server"), Path("/scratch")]
+        >>> path_inside_any(folders, "/scratch/dl", "download_to_disk_dir", "the workspace and the allowed folders")
+        PosixPath('/scratch/dl')
+    """
+    if not folders:
+        raise ValueError(f"{setting}: no folder to check {os.fspath(value)!r} against")
+    roots = [Path(folder).resolve() for folder in folders]
+    start = roots[0] if base is None else Path(base).resolve()
+    target = (start / Path(value)).resolve()
+    if any(_lies_in(target, root) for root in roots):
+        return target
+    listed = ", ".join(str(root) for root in roots)
+    detail = f"{os.fspath(value)!r} leads to {target}, outside {what} ({listed}); give a path inside one, or {fix}"
+    raise PathOutsideError(setting, detail)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPaths:
+    """The folders a running job's paths may name on a site (given to components at job start).
+
+    A path from the job's config may lie in the job folder, the site's workspace folder for the
+    job, or one of the folders the site allows; a relative one starts at the app folder.
+
+    Attributes:
+        app_dir: The job's app folder on this site (where relative paths start).
+        job_dir: The job folder.
+        workspace: This site's folder of the job's workspace (``<workspace>/server``).
+        allowed_dirs: The folders outside those that the site lets jobs name (its ``allowed_dirs``).
+
+    Example:
+        >>> paths = JobPaths(Path("/jobs/j/app"), Path("/jobs/j"), Path("/ws/server"))
+        >>> paths.resolve("custom/start.safetensors", "source_ckpt_file_full_name")
+        PosixPath('/jobs/j/app/custom/start.safetensors')
+    """
+
+    app_dir: Path
+    job_dir: Path
+    workspace: Path
+    allowed_dirs: tuple[Path, ...] = ()
+
+    def resolve(self, value: str | os.PathLike[str], setting: str) -> Path:
+        """``value`` resolved (symlinks included), or `PathOutsideError` naming ``setting``."""
+        return path_inside_any(
+            [self.job_dir, self.workspace, *self.allowed_dirs],
+            value,
+            setting,
+            "the job folder, the site's workspace and the folders the site allows",
+            base=self.app_dir,
+        )
+
+
+def _lies_in(target: Path, folder: Path) -> bool:
+    return target == folder or target.is_relative_to(folder)

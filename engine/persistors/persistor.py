@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from engine.model import FLModel
+from engine.paths import JobPaths
 
 #: Folder of the checkpoints, relative to the server's app folder.
 MODELS_DIR_NAME = "models"
@@ -14,8 +15,9 @@ MODELS_DIR_NAME = "models"
 class ModelPersistor(ABC):
     """Loads the initial model and saves the global model after each round.
 
-    The server runtime calls `use_workspace` before the workflow runs; checkpoints then go to
-    ``<app_dir>/models``.
+    The runtime calls `use_workspace` and then `use_job_paths` before the workflow runs;
+    checkpoints then go to ``<app_dir>/models``, and any path the persistor's args name is
+    checked against the folders the job may use.
 
     Example:
         A persistor that starts from zeros and keeps nothing::
@@ -33,6 +35,17 @@ class ModelPersistor(ABC):
     def use_workspace(self, app_dir: Path) -> None:
         """Save checkpoints under ``app_dir / "models"`` from now on (the folder is made on first save)."""
         self._models_dir = Path(app_dir) / MODELS_DIR_NAME
+
+    def use_job_paths(self, paths: JobPaths) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """Check and resolve the paths this persistor's args name (the runtime calls it at job start).
+
+        A persistor that reads a file a job names (a checkpoint to start from) resolves it with
+        ``paths.resolve(value, setting)``, so a job cannot make a site read outside the job
+        folder, its workspace and the folders the site allows.
+
+        Raises:
+            PathOutsideError: A path leaves those folders (the message names the setting).
+        """
 
     @property
     def models_dir(self) -> Path:

@@ -17,6 +17,7 @@ import safetensors.torch
 import torch
 
 from engine.model import FLModel, ParamsType
+from engine.paths import JobPaths
 from engine.persistors.checkpoint_files import (
     TEMP_SUFFIX,
     CheckpointCommits,
@@ -43,7 +44,10 @@ class PTFileModelPersistor(ModelPersistor):
         key_metric: Metric that decides the best model (higher is better).
         negate_key_metric: Lower is better instead (e.g. a loss).
         source_ckpt_file_full_name: A safetensors file to start from instead of the module's
-            own weights; its names and shapes must match the module's ``state_dict()``.
+            own weights; its names and shapes must match the module's ``state_dict()``. In a
+            job it must lie in the job folder (relative paths start at the app folder), the
+            site's workspace, or a folder the site allows (``flengine run --allow-dir``); the
+            runtime checks it at job start (`use_job_paths`).
 
     Raises:
         TypeError: ``model`` is not a ``torch.nn.Module``.
@@ -81,7 +85,7 @@ class PTFileModelPersistor(ModelPersistor):
         self._best_name = best_global_model_file_name
         self._key_metric = key_metric
         self._negate = negate_key_metric
-        self._source = source_ckpt_file_full_name
+        self._source = None if source_ckpt_file_full_name is None else Path(source_ckpt_file_full_name)
         self._best: float | None = None
         self._handed_out = False
         self._saved = False  # a global model was saved by this run
@@ -92,6 +96,16 @@ class PTFileModelPersistor(ModelPersistor):
         super().use_workspace(app_dir)
         for path in remove_stale_temp_files(self.models_dir, [self._global_name, self._best_name]):
             logger.warning("deleted the temp file of a checkpoint never completed: %s", path)
+
+    def use_job_paths(self, paths: JobPaths) -> None:
+        """Resolve ``source_ckpt_file_full_name`` inside the folders the job may use (at job start).
+
+        Raises:
+            PathOutsideError: The checkpoint (symlinks resolved) lies outside the job folder, the
+                site's workspace and the folders the site allows.
+        """
+        if self._source is not None:
+            self._source = paths.resolve(self._source, "source_ckpt_file_full_name")
 
     def flush(self) -> None:
         """Return once every saved checkpoint is on disk under its name.
@@ -133,7 +147,7 @@ class PTFileModelPersistor(ModelPersistor):
             self._model.to("meta")  # keep names and shapes, not a second model's worth of memory
             self._handed_out = True
             return FLModel(params=params, params_type=ParamsType.FULL)
-        return self._load_file(Path(self._source), "source_ckpt_file_full_name")
+        return self._load_file(self._source, "source_ckpt_file_full_name")
 
     def _load_file(self, path: Path, what: str) -> FLModel:
         """The safetensors file ``path`` as FULL params in the module's order, checked against it."""

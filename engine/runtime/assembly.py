@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.config import ComponentSpec, ConfigDocument, Job, build_component
+from engine.errors import ConfigError
 from engine.fobs.tensor_pool import DEFAULT_IDLE_RELEASE_S, TENSOR_POOL
 from engine.model import Shareable
+from engine.paths import JobPaths, PathOutsideError
 from engine.streaming.via_downloader import DEFAULT_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
@@ -23,6 +26,26 @@ def build_entries(document: ConfigDocument, key: str) -> dict[str, Any]:
         spec = ComponentSpec.from_entry(entry, (key, i))
         built[spec.id or f"{key}[{i}]"] = build_component(spec, document)
     return built
+
+
+def prepare_components(
+    components: Mapping[str, Any], document: ConfigDocument, workspace: Path, paths: JobPaths
+) -> None:
+    """Call each component's ``use_workspace(workspace)`` and ``use_job_paths(paths)`` hooks, if it has them.
+
+    Raises:
+        ConfigError: A path a component's args name leaves the folders the job may use; the
+            message names the file, line and key path (``components[0].args.<setting>``), and
+            the `PathOutsideError` is its cause.
+    """
+    for index, component in enumerate(components.values()):
+        if callable(getattr(component, "use_workspace", None)):
+            component.use_workspace(workspace)
+        if callable(getattr(component, "use_job_paths", None)):
+            try:
+                component.use_job_paths(paths)
+            except PathOutsideError as e:
+                raise ConfigError([document.problem(("components", index, "args", e.setting), e.detail)]) from e
 
 
 @dataclass
@@ -97,6 +120,7 @@ STREAMING_KEYS = (
     "np_download_chunk_size",
     "streaming_per_request_timeout",
     "streaming_max_requests_in_flight",
+    "streaming_min_throughput",
 )
 
 

@@ -22,6 +22,7 @@ from engine.executors.client_api import REASON_HEADER
 from engine.executors.executor import ExecutorContext
 from engine.model import ReservedHeaderKey, ReturnCode, Shareable, make_reply
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
+from engine.paths import JobPaths
 from engine.runtime import protocol
 from engine.runtime.assembly import (
     FilterChains,
@@ -29,6 +30,7 @@ from engine.runtime.assembly import (
     build_entries,
     build_executors,
     configure_tensor_pool,
+    prepare_components,
     route_task,
     streaming_settings,
 )
@@ -65,6 +67,7 @@ class ClientJob:
         if app is None or app.client is None:
             raise ValueError(f"{job.folder}: no app with a config_fed_client is deployed to {site.name}")
         self.app = app
+        self.job_folder = job.folder
         self.site_settings = site
         self.site = site.name
         self.endpoint = endpoint
@@ -85,9 +88,8 @@ class ClientJob:
         self.settings = streaming_settings(config)
         configure_tensor_pool(config)
         components = build_entries(document, "components")
-        for component in components.values():
-            if callable(getattr(component, "use_workspace", None)):
-                component.use_workspace(self.workspace)
+        paths = JobPaths(self.app.folder, self.job_folder, self.workspace, self.site_settings.allowed_dirs)
+        prepare_components(components, document, self.workspace, paths)
         routes = build_executors(document)
         data_filters = FilterChains.build(document, "task_data_filters")
         result_filters = FilterChains.build(document, "task_result_filters")

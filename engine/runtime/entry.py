@@ -66,14 +66,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _site_settings(job: Job, args: argparse.Namespace) -> SiteSettings:
-    """This process's site: its name, its keys (or ``--insecure``), its app's cell settings."""
+    """This process's site: its name, its keys (or ``--insecure``), its app's cell settings, its ``--allow-dir``s."""
     app = job.app_for(args.site)
     document = None if app is None else (app.server if args.role == "server" else app.client)
     config = {} if document is None else document.data
     if args.insecure:
         log.warning("%s", INSECURE_WARNING)
     keys = Path(args.keys) if args.keys else None
-    site = SiteSettings(args.site, cell_settings_of(config), keys, insecure=args.insecure)
+    allowed = tuple(Path(folder) for folder in args.allow_dirs)
+    site = SiteSettings(args.site, cell_settings_of(config), keys, insecure=args.insecure, allowed_dirs=allowed)
     site.cell_security(server=args.role == "server")  # unsafe or missing keys fail here, at start
     return site
 
@@ -143,6 +144,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--connect", default="", help="client: the server's endpoint")
     parser.add_argument("--keys", default="", help="this site's keys folder (see engine.security.keys)")
     parser.add_argument("--insecure", action="store_true", help="no CURVE: plain TCP, unauthenticated")
+    parser.add_argument(
+        "--allow-dir",
+        dest="allow_dirs",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an absolute folder outside the workspace that the job's paths may name (repeatable)",
+    )
     parser.add_argument("--parent-pid", type=int, default=os.getppid())
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser

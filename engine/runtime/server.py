@@ -29,11 +29,13 @@ from engine.controller.context import JobContext, ReceivedStatus
 from engine.errors import CellError
 from engine.model import DXO, FLModel, ReservedHeaderKey, Shareable
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
+from engine.paths import JobPaths
 from engine.runtime import protocol
 from engine.runtime.assembly import (
     FilterChains,
     build_entries,
     configure_tensor_pool,
+    prepare_components,
     streaming_settings,
 )
 from engine.runtime.states import JobState
@@ -113,9 +115,8 @@ class ServerJob:
         workflows = build_entries(document, "workflows")
         self._data_filters = FilterChains.build(document, "task_data_filters")
         self._result_filters = FilterChains.build(document, "task_result_filters")
-        for component in components.values():
-            if callable(getattr(component, "use_workspace", None)):
-                component.use_workspace(self.workspace)
+        paths = JobPaths(self.app.folder, self.job.folder, self.workspace, self.site.allowed_dirs)
+        prepare_components(components, document, self.workspace, paths)
 
         settings = streaming_settings(config)
         configure_tensor_pool(config)

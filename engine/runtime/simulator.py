@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -66,6 +67,7 @@ def run_simulation(
     workspace: str | os.PathLike[str] | None = None,
     out: IO[str] | None = None,
     verbose: bool = False,
+    allowed_dirs: Sequence[str | os.PathLike[str]] = (),
 ) -> SimulationResult:
     """Run a job with a server and ``n_clients`` client processes; return how it ended.
 
@@ -76,14 +78,18 @@ def run_simulation(
             ``workspace/<job name>-<time>`` under the current folder. It must be new or empty.
         out: Where progress and the summary are printed (stdout by default).
         verbose: Debug logging in every process.
+        allowed_dirs: Folders outside the workspace that the job's paths may name on every site
+            (``download_to_disk_dir``, ``source_ckpt_file_full_name``): ``--allow-dir``. Without
+            them a job's paths stay in the job folder and the workspace.
     """
     out = out or sys.stdout
     job = load_job(job_dir)
     clients = _client_names(job, n_clients)
     insecure = _insecure(job, ["server", *clients])
+    allowed = [Path(folder).resolve() for folder in allowed_dirs]  # the processes run elsewhere
     folder = _prepare_workspace(job, workspace)
     job_id = folder.name
-    run = _Run(job, clients, folder, job_id, out, verbose, insecure)
+    run = _Run(job, clients, folder, job_id, out, verbose, insecure, allowed)
     return run.execute()
 
 
@@ -142,10 +148,19 @@ class _Run:
     """One simulation: its processes, its events, its summary."""
 
     def __init__(
-        self, job: Job, clients: list[str], folder: Path, job_id: str, out: IO[str], verbose: bool, insecure: bool
+        self,
+        job: Job,
+        clients: list[str],
+        folder: Path,
+        job_id: str,
+        out: IO[str],
+        verbose: bool,
+        insecure: bool,
+        allowed_dirs: list[Path],
     ) -> None:
         self.job = job
         self.insecure = insecure
+        self.allowed_dirs = allowed_dirs
         self.keys: dict[str, Path] = {}
         self.clients = clients
         self.folder = folder
@@ -236,6 +251,7 @@ class _Run:
             "--job", str(self.job.folder.resolve()), "--workspace", str(self.folder),
             "--site", site, "--job-id", self.job_id, "--parent-pid", str(os.getpid()),
             *(["--insecure"] if self.insecure else ["--keys", str(self.keys[site])]),
+            *(option for folder in self.allowed_dirs for option in ("--allow-dir", str(folder))),
             *extra, *(["--verbose"] if self.verbose else []),
         ]  # fmt: skip
         errors = (self.folder / site / "stderr.txt").open("wb")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from engine.cells import Cell, CellSettings
 from engine.cells.security import Allowlist, CellSecurity
 from engine.errors import SecurityError
 from engine.fobs import default_registry
+from engine.paths import path_inside_any
 from engine.security import SERVER_KEY_FILE, load_cell_security
 from engine.streaming.codec import MessageCodec
 from engine.streaming.disk import DiskConsumerFactory, DiskDownloads
@@ -59,7 +60,7 @@ def insecure_requested(config: Mapping[str, Any]) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class SiteSettings:
-    """What belongs to a site: its name, cell settings and keys.
+    """What belongs to a site: its name, cell settings, keys and the folders jobs may use.
 
     Attributes:
         name: The site's identity (``server``, ``site-1``); its cells are this name or a child
@@ -67,12 +68,17 @@ class SiteSettings:
         cell: Address, liveness and size limits of its cells.
         keys_dir: Its keys folder (see :mod:`engine.security.keys`); required unless insecure.
         insecure: True turns CURVE off; only ever explicit, and warned about at every start.
+        allowed_dirs: Absolute folders outside its workspace that a job's paths may name
+            (``download_to_disk_dir``, ``source_ckpt_file_full_name``); none by default, so a
+            job stays in its workspace and its job folder. The site decides, never a job
+            (``flengine run --allow-dir DIR``).
     """
 
     name: str
     cell: CellSettings = dataclasses.field(default_factory=CellSettings)
     keys_dir: Path | None = None
     insecure: bool = False
+    allowed_dirs: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         if self.keys_dir is None and not self.insecure:
@@ -80,6 +86,13 @@ class SiteSettings:
                 f"site {self.name!r}: no keys folder; give the site its keys (keys_dir), or set "
                 "insecure = true to run without encryption"
             )
+        allowed = tuple(Path(folder) for folder in self.allowed_dirs)
+        for folder in allowed:
+            if not folder.is_absolute():
+                raise SecurityError(
+                    f"site {self.name!r}: allowed_dirs: {str(folder)!r} is relative; give absolute folders"
+                )
+        object.__setattr__(self, "allowed_dirs", allowed)
 
     def cell_security(self, server: bool) -> CellSecurity | None:
         """Load the site's CURVE keys for a server or a client cell (None when insecure)."""
@@ -153,6 +166,8 @@ class SiteEndpoint:
         streaming: The job's streaming settings (``tensor_download_chunk_size`` ...).
         connect_to: The server's endpoint for a client; None for the server cell.
         workspace: Where downloads to disk go by default (``<workspace>/downloads``).
+        allowed_dirs: Folders outside ``workspace`` that downloads to disk may go to (the
+            site's `SiteSettings.allowed_dirs`).
 
     Example:
         >>> endpoint = SiteEndpoint.for_site(site, streaming, connect_to=address, workspace=folder)
@@ -169,10 +184,12 @@ class SiteEndpoint:
         *,
         connect_to: str | None = None,
         workspace: Path | None = None,
+        allowed_dirs: Sequence[Path] = (),
     ) -> None:
         self.cell = Cell(cell_name, settings, connect_to=connect_to, security=security)
         self.streaming = dict(streaming)
         self.workspace = workspace if workspace is not None else Path.cwd()
+        self.allowed_dirs = tuple(allowed_dirs)
         self.service: DownloadService | None = None
         self._codec: MessageCodec | None = None
 
@@ -192,7 +209,15 @@ class SiteEndpoint:
             SecurityError: The site's keys are missing, malformed or unsafe (file named).
         """
         security = site.cell_security(server=connect_to is None)
-        return cls(cell_name or site.name, site.cell, security, streaming, connect_to=connect_to, workspace=workspace)
+        return cls(
+            cell_name or site.name,
+            site.cell,
+            security,
+            streaming,
+            connect_to=connect_to,
+            workspace=workspace,
+            allowed_dirs=site.allowed_dirs,
+        )
 
     @classmethod
     def for_script_host(
@@ -253,10 +278,15 @@ class SiteEndpoint:
         """Inside the block, the tensors this endpoint receives go to disk first (lazy refs).
 
         Args:
-            folder: Where the downloads go (relative paths from the workspace); ``downloads``
-                under the workspace if None. The block's own folder is removed at its end.
+            folder: Where the downloads go (a job's ``download_to_disk_dir``; relative paths
+                from the workspace); ``downloads`` under the workspace if None. The block's
+                own folder is removed at its end.
+
+        Raises:
+            PathOutsideError: ``folder`` (symlinks resolved) lies neither in the workspace nor in
+                one of the site's allowed folders; nothing was made.
         """
-        downloads = DiskDownloads(self.workspace / Path(folder or DEFAULT_DOWNLOADS_FOLDER))
+        downloads = DiskDownloads(self.download_folder(folder))
         downloads.open()
         codec = self.codec
         previous = codec.context
@@ -266,6 +296,19 @@ class SiteEndpoint:
         finally:
             codec.context = previous
             downloads.close()
+
+    def download_folder(self, folder: Path | str | None = None) -> Path:
+        """Where :meth:`downloads_to_disk` puts the downloads for ``folder``, checked (symlinks resolved).
+
+        Raises:
+            PathOutsideError: ``folder`` lies neither in the workspace nor in an allowed folder.
+        """
+        return path_inside_any(
+            [self.workspace, *self.allowed_dirs],
+            folder or DEFAULT_DOWNLOADS_FOLDER,
+            "download_to_disk_dir",
+            "the site's workspace and the folders the site allows",
+        )
 
     def close(self) -> None:
         """Stop serving downloads and stop the cell (safe to call twice, or before start)."""

@@ -24,6 +24,10 @@ def receiving_to_disk(context: JobContext, enabled: bool, folder: str | None) ->
         context: The workflow's job context (its runtime does the switching).
         enabled: The workflow's ``download_to_disk`` arg.
         folder: The workflow's ``download_to_disk_dir`` arg; the runtime's default when None.
+
+    Raises:
+        PathOutsideError: ``folder`` lies outside the site's workspace and the folders the site
+            allows (the runtime checks it; the message names ``download_to_disk_dir``).
     """
     if not enabled:
         yield None

@@ -49,7 +49,8 @@ class FedAvg(ModelController):
             first (one file per result) and are aggregated one tensor at a time, so the server's
             memory does not grow with the number of clients. Clients are unaffected.
         download_to_disk_dir: Where those downloads go; a folder under the server's workspace
-            by default (``downloads``), relative paths from there. Leftovers of a crashed run
+            by default (``downloads``), relative paths from there. It must lie inside the
+            workspace or a folder the site allows (``--allow-dir``). Leftovers of a crashed run
             in it are deleted when the next run opens it.
     """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,9 @@ def processes_mentioning(text: str) -> list[str]:
 def simulate(tmp_path: Path):
     """Run a job folder with the simulator; assert afterwards that no process of it is left."""
 
-    def run(job: Path, n_clients: int | None = None) -> tuple[SimulationResult, str]:
+    def run(job: Path, n_clients: int | None = None, allowed_dirs: Sequence[Path] = ()) -> tuple[SimulationResult, str]:
         out = io.StringIO()
-        result = run_simulation(job, n_clients, tmp_path / "workspace", out=out)
+        result = run_simulation(job, n_clients, tmp_path / "workspace", out=out, allowed_dirs=allowed_dirs)
         return result, out.getvalue()
 
     yield run

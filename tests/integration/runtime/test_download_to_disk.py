@@ -98,7 +98,7 @@ def test_the_next_run_sweeps_what_a_crashed_server_left(simulate, tmp_path: Path
         workflow_args={"download_to_disk": True, "download_to_disk_dir": str(shared)},
         **BIG,
     )
-    finished = in_background(simulate, crashing)
+    finished = in_background(simulate, crashing, None, [shared])  # a folder outside the workspace: allowed
     assert kill_when_a_download_starts(shared, str(tmp_path / "first"), "entry server")
     crashed, _ = finished()
     [leftover] = shared.glob("run-*")
@@ -109,7 +109,7 @@ def test_the_next_run_sweeps_what_a_crashed_server_left(simulate, tmp_path: Path
         num_rounds=1,
         workflow_args={"download_to_disk": True, "download_to_disk_dir": str(shared)},
     )
-    result, output = run_simulation_in(job, tmp_path / "second" / "workspace")
+    result, output = run_simulation_in(job, tmp_path / "second" / "workspace", allowed_dirs=[shared])
 
     assert result.state is JobState.FINISHED_COMPLETED, output
     assert not leftover.exists() and list(shared.iterdir()) == []
@@ -117,9 +117,9 @@ def test_the_next_run_sweeps_what_a_crashed_server_left(simulate, tmp_path: Path
     assert f"leftover downloads of crashed runs deleted: root={shared} folders=1" in log
 
 
-def run_simulation_in(job: Path, workspace: Path):
+def run_simulation_in(job: Path, workspace: Path, allowed_dirs: list[Path]):
     out = io.StringIO()
-    return run_simulation(job, None, workspace, out=out), out.getvalue()
+    return run_simulation(job, None, workspace, out=out, allowed_dirs=allowed_dirs), out.getvalue()
 
 
 def test_a_full_disk_fails_the_result_with_the_folder_and_bytes_and_leaves_nothing(
@@ -134,7 +134,7 @@ def test_a_full_disk_fails_the_result_with_the_folder_and_bytes_and_leaves_nothi
         workflow_args={"download_to_disk": True, "download_to_disk_dir": str(small_disk)},
     )
 
-    result, output = simulate(job)
+    result, output = simulate(job, allowed_dirs=[small_disk])
 
     assert result.state is JobState.FINISHED_EXECUTION_EXCEPTION, output
     reason = read_json(tmp_path / "workspace" / "summary.json")["reason"]

@@ -277,7 +277,7 @@ MORE_CASES = [
         },
         [
             f"{S}:6: workflows[0].args.download_to_disk_dir: must not be empty "
-            "(a folder path, e.g. /scratch/flengine-downloads)"
+            "(a folder path under the server's workspace, e.g. downloads, or inside a folder the site allows with --allow-dir)"
         ],
         id="download-to-disk-dir-empty",
     ),

@@ -14,6 +14,7 @@ import safetensors.torch
 import torch
 
 from engine.model import FLModel, ParamsType
+from engine.paths import JobPaths, PathOutsideError
 from engine.persistors import ModelPersistor, PTFileModelPersistor, checkpoint_files
 
 
@@ -177,6 +178,56 @@ def test_mismatching_source_checkpoint_is_refused(tmp_path: Path, content: Any, 
 
     with pytest.raises(ValueError, match=f"source_ckpt_file_full_name: {ckpt} .*{match}"):
         PTFileModelPersistor(model=Net(), source_ckpt_file_full_name=str(ckpt)).load_model()
+
+
+def job_paths_in(tmp_path: Path, allowed: tuple[Path, ...] = ()) -> JobPaths:
+    """The folders of a job ``tmp_path/job`` (app ``app``) running in ``tmp_path/ws/server``."""
+    (tmp_path / "job" / "app" / "custom").mkdir(parents=True)
+    return JobPaths(tmp_path / "job" / "app", tmp_path / "job", tmp_path / "ws" / "server", allowed)
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        pytest.param("job/app/custom/start.safetensors", "custom/start.safetensors", id="relative-in-the-app"),
+        pytest.param("job/start.safetensors", "{tmp}/job/start.safetensors", id="absolute-in-the-job"),
+        pytest.param("ckpts/start.safetensors", "{tmp}/ckpts/start.safetensors", id="an-allowed-folder"),
+    ],
+)
+def test_a_source_checkpoint_the_job_may_name_loads(tmp_path: Path, where: str, value: str) -> None:
+    paths = job_paths_in(tmp_path, (tmp_path / "ckpts",))
+    source = {name: torch.full_like(t, 0.25) for name, t in Net().state_dict().items()}
+    (tmp_path / where).parent.mkdir(parents=True, exist_ok=True)
+    safetensors.torch.save_file(source, tmp_path / where)
+    persistor = PTFileModelPersistor(model=Net(), source_ckpt_file_full_name=value.format(tmp=tmp_path))
+
+    persistor.use_job_paths(paths)
+
+    assert_bitwise_equal(persistor.load_model().params, source)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("/etc/passwd", id="a-system-file"),
+        pytest.param("../../x.safetensors", id="dot-dot"),
+        pytest.param("custom/link.safetensors", id="a-link-out-of-the-job"),
+    ],
+)
+def test_a_source_checkpoint_outside_the_job_and_allowed_folders_is_refused_at_start(
+    tmp_path: Path, value: str
+) -> None:
+    paths = job_paths_in(tmp_path)
+    outside = tmp_path / "x.safetensors"
+    safetensors.torch.save_file(dict(Net().state_dict()), outside)
+    (tmp_path / "job" / "app" / "custom" / "link.safetensors").symlink_to(outside)
+    persistor = PTFileModelPersistor(model=Net(), source_ckpt_file_full_name=value)
+
+    with pytest.raises(
+        PathOutsideError,
+        match=rf"^source_ckpt_file_full_name: '{value}' leads to .*, outside the job folder, the site's workspace and the folders the site allows \(.*\); .*--allow-dir DIR",
+    ):
+        persistor.use_job_paths(paths)
 
 
 def test_failed_write_leaves_old_file_and_no_temp_file(small_disk: Path) -> None:

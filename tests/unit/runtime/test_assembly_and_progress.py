@@ -11,16 +11,18 @@ import pytest
 
 from engine.cli import main
 from engine.config import ConfigDocument
-from engine.errors import UsageError
+from engine.errors import ConfigError, UsageError
 from engine.executors.executor import Executor
 from engine.filters.filter import Filter
 from engine.model import Shareable
+from engine.paths import JobPaths, PathOutsideError
 from engine.runtime.assembly import (
     STREAMING_KEYS,
     ExecutorRoute,
     FilterChains,
     FilterError,
     build_executors,
+    prepare_components,
     route_task,
     streaming_settings,
 )
@@ -192,6 +194,46 @@ def test_a_failing_filter_is_named(bad: Filter, message: str, cause: type) -> No
         chains.apply("train", Shareable(), "site-1")
 
     assert isinstance(caught.value.__cause__, cause)
+
+
+class Reads:
+    """A component that reads a file its config names (as a persistor's checkpoint to start from)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.calls: list[Any] = []
+
+    def use_workspace(self, app_dir: Path) -> None:
+        self.calls.append(("use_workspace", app_dir))
+
+    def use_job_paths(self, paths: JobPaths) -> None:
+        self.calls.append("use_job_paths")
+        self.path = paths.resolve(self.source, "source")
+
+
+def test_prepare_components_gives_each_component_its_workspace_and_job_paths(tmp_path: Path) -> None:
+    document = ConfigDocument(tmp_path / "s.conf", "s.conf", {})
+    reader = Reads("custom/start.safetensors")
+    paths = JobPaths(tmp_path / "job" / "app", tmp_path / "job", tmp_path / "ws")
+
+    prepare_components({"plain": object(), "reader": reader}, document, tmp_path / "ws", paths)
+
+    assert reader.calls == [("use_workspace", tmp_path / "ws"), "use_job_paths"]
+    assert reader.path == tmp_path / "job" / "app" / "custom" / "start.safetensors"
+
+
+def test_a_component_path_outside_the_job_is_a_config_error_at_its_file_line_and_key(tmp_path: Path) -> None:
+    key_lines = {("components", 1, "args", "source"): 9}
+    document = ConfigDocument(tmp_path / "s.conf", "job/app/config/s.conf", {}, key_lines)
+    paths = JobPaths(tmp_path / "job" / "app", tmp_path / "job", tmp_path / "ws")
+
+    with pytest.raises(ConfigError) as caught:
+        prepare_components({"plain": object(), "reader": Reads("/etc/passwd")}, document, tmp_path / "ws", paths)
+
+    assert str(caught.value).startswith(
+        "job/app/config/s.conf:9: components[1].args.source: '/etc/passwd' leads to /etc/passwd, outside the job folder"
+    )
+    assert isinstance(caught.value.__cause__, PathOutsideError)
 
 
 def test_streaming_settings_pick_only_the_streaming_keys() -> None:
@@ -444,6 +486,7 @@ def test_run_help_documents_clients_and_workspace(capsys: pytest.CaptureFixture[
     assert caught.value.code == 0
     assert "-n N, --clients N" in out
     assert "--workspace DIR" in out
+    assert "--allow-dir DIR" in out
     assert "a new or empty folder" in out
 
 

@@ -1,4 +1,5 @@
-"""A site's settings and the endpoints built from them: keys required unless insecure, script credentials."""
+"""A site's settings and the endpoints built from them: keys required unless insecure, script credentials,
+downloads to disk only where the site allows."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from engine.cells import CellSettings
 from engine.errors import SecurityError
+from engine.paths import PathOutsideError
 from engine.security import write_site_key_folders
 from engine.site import ScriptCredentials, SiteEndpoint, SiteSettings, cell_settings_of, insecure_requested
 
@@ -66,3 +68,88 @@ def test_an_insecure_script_host_has_no_credentials() -> None:
     host, credentials = SiteEndpoint.for_script_host("site-1", {}, secure=False)
 
     assert credentials is None and not host.cell.secure
+
+
+# ----------------------------------------------------------------------------- downloads to disk
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    folder = tmp_path / "ws" / "server"
+    folder.mkdir(parents=True)
+    return folder
+
+
+@pytest.fixture
+def make_endpoint():
+    """Endpoints of an insecure server site with the given allowed folders, closed at the end."""
+    made: list[SiteEndpoint] = []
+
+    def make(workspace: Path, allowed: tuple[Path, ...] = ()) -> SiteEndpoint:
+        site = SiteSettings("server", insecure=True, allowed_dirs=allowed)
+        made.append(SiteEndpoint.for_site(site, {}, workspace=workspace))
+        return made[-1]
+
+    yield make
+    for endpoint in made:
+        endpoint.close()
+
+
+@pytest.mark.parametrize(
+    "folder",
+    [
+        pytest.param("../../escape", id="dot-dot"),
+        pytest.param("{tmp}/elsewhere", id="absolute-outside"),
+        pytest.param("link", id="link-in-the-workspace-pointing-out"),
+    ],
+)
+def test_downloads_to_disk_outside_the_workspace_and_allowed_folders_are_refused(
+    make_endpoint, workspace: Path, tmp_path: Path, folder: str
+) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (workspace / "link").symlink_to(tmp_path / "elsewhere")
+    folder = folder.format(tmp=tmp_path)
+    endpoint = make_endpoint(workspace, (tmp_path / "scratch",))
+
+    with pytest.raises(PathOutsideError) as caught:
+        with endpoint.downloads_to_disk(Path(folder)):
+            pass
+
+    message = str(caught.value)
+    assert message.startswith(f"download_to_disk_dir: {folder!r} leads to ")
+    assert (
+        f"outside the site's workspace and the folders the site allows ({workspace}, {tmp_path / 'scratch'})" in message
+    )
+    assert message.endswith("or let the site allow a folder that holds it (flengine run --allow-dir DIR)")
+    assert not (tmp_path / "escape").exists() and list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_downloads_to_disk_go_to_a_folder_the_site_allows(make_endpoint, workspace: Path, tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    endpoint = make_endpoint(workspace, (scratch,)).start()
+
+    with endpoint.downloads_to_disk(scratch / "flengine") as downloads:
+        assert endpoint.receives_to_disk
+        assert downloads.folder is not None and downloads.folder.parent == scratch / "flengine"
+
+    assert list((scratch / "flengine").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("folder", "expected"),
+    [(None, "downloads"), (Path("dl/here"), "dl/here"), (Path("."), ".")],
+    ids=["default", "relative", "the-workspace"],
+)
+def test_download_folders_in_the_workspace_need_no_allowed_folder(
+    make_endpoint, workspace: Path, folder: Path | None, expected: str
+) -> None:
+    endpoint = make_endpoint(workspace)
+
+    assert endpoint.download_folder(folder) == (workspace / expected).resolve()
+
+
+def test_a_site_allows_only_absolute_folders() -> None:
+    with pytest.raises(
+        SecurityError, match="site 'server': allowed_dirs: 'scratch' is relative; give absolute folders"
+    ):
+        SiteSettings("server", insecure=True, allowed_dirs=(Path("scratch"),))
