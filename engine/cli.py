@@ -7,13 +7,16 @@ once here and printed as one ``Error: ...`` line with the error's exit code, nev
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from engine import __version__
-from engine.config import validate_job
-from engine.errors import FlengineError
+from engine.config import Problem, validate_job
+from engine.errors import ConfigError, FlengineError
 
 _DESCRIPTION = """\
 flengine runs federated-learning jobs described by folders of HOCON/JSON files.
@@ -61,11 +64,15 @@ def _parser() -> argparse.ArgumentParser:
             "Check each job folder: its files against the JSON Schemas, then a dry build of every "
             "component (the dotted path imports, the args fit the constructor, ids are unique, "
             "deploy_map names existing app folders). Prints every problem as "
-            "'file:line: key.path: what is wrong (hint)'. Exits 0 when every job is valid, 1 otherwise."
+            "'file:line: key.path: what is wrong (hint)'. A file instead of a folder is checked as a project "
+            "file of `flengine provision`. Exits 0 when every job is valid, 1 otherwise."
         ),
     )
     validate.add_argument(
-        "jobs", nargs="+", metavar="JOB", help="a job folder, e.g. jobs/fedavg (several allowed: jobs/*)"
+        "jobs",
+        nargs="+",
+        metavar="JOB",
+        help="a job folder, e.g. jobs/fedavg (several allowed: jobs/*), or a project file such as docs/project.conf",
     )
     validate.set_defaults(handler=_validate)
 
@@ -84,20 +91,94 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--workspace", default=None, metavar="DIR", help="a new or empty folder (default: workspace/<job>-<time>)"
     )
+    run.add_argument(
+        "--allow-dir",
+        dest="allow_dirs",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help=(
+            "a folder outside the workspace that the job's paths may name (download_to_disk_dir, "
+            "source_ckpt_file_full_name); repeat for several (default: none, the job stays in its "
+            "folder and the workspace)"
+        ),
+    )
     run.set_defaults(handler=_run)
+    _add_provision_command(commands)
     return parser
+
+
+def _add_provision_command(commands: argparse._SubParsersAction) -> None:
+    provision = commands.add_parser(
+        "provision",
+        help="write a startup kit for every participant of a project file (server, sites, admins)",
+        description=(
+            "Read a project file (HOCON or JSON: the server's host and port, the sites, the admins) "
+            "and write one startup kit per participant under DIR/<name>/: its key pair, the keys it "
+            "trusts, kit.json, start.sh, a site's policy.conf and MANIFEST.json. Run it again with the "
+            "same DIR after editing the project file: new participants get new kits, existing keys are "
+            "kept byte for byte, and the server's allowlist and every changed kit are updated."
+        ),
+    )
+    provision.add_argument("project", metavar="PROJECT", help="the project file, e.g. docs/project.conf")
+    provision.add_argument(
+        "-o", "--output", required=True, metavar="DIR", help="where the kits go (new, or the one used before)"
+    )
+    provision.add_argument(
+        "--remove",
+        action="store_true",
+        help="revoke participants the project file no longer names: off the server's allowlist, kit deleted",
+    )
+    provision.add_argument(
+        "--format", choices=("text", "json"), default="text", help="text (one line per kit, default) or json"
+    )
+    provision.set_defaults(handler=_provision)
 
 
 def _run(args: argparse.Namespace) -> int:
     from engine.runtime.simulator import run_simulation  # torch and zmq load only for this command
 
-    return run_simulation(args.job, args.clients, args.workspace, verbose=args.verbose).exit_code
+    return run_simulation(
+        args.job, args.clients, args.workspace, verbose=args.verbose, allowed_dirs=args.allow_dirs
+    ).exit_code
+
+
+def _provision(args: argparse.Namespace) -> int:
+    from engine.provision import inspect_project, provision  # zmq loads only for this command
+
+    project, problems = inspect_project(args.project)
+    if project is None:
+        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        print(f"Error: {args.project}: {count}; nothing was written", file=sys.stderr)
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return ConfigError.exit_code
+    report = provision(project, Path(args.output), remove=args.remove)
+    if args.format == "json":
+        print(json.dumps(report.to_json(), indent=2))
+        return 0
+    width = max(len(kit.identity) for kit in report.kits)
+    for kit in report.kits:
+        what = "key revoked, kit deleted" if kit.status == "removed" else str(kit.folder)
+        changed = f": {', '.join(kit.files)}" if kit.status == "updated" else ""
+        print(f"{kit.status:<8} {kit.identity:<{width}}  {kit.kind:<6}  {what}{changed}")
+    counts = collections.Counter(kit.status for kit in report.kits)
+    summary = ", ".join(
+        f"{counts[status]} {status}" for status in ("created", "updated", "kept", "removed") if counts[status]
+    )
+    advice = (
+        "send each created or updated kit to its owner, privately (it holds the owner's secret key)"
+        if counts["created"] or counts["updated"]
+        else "nothing to send"
+    )
+    print(f"project {report.project}: {summary}; {advice}")
+    return 0
 
 
 def _validate(args: argparse.Namespace) -> int:
     invalid = 0
     for job in args.jobs:
-        problems = validate_job(job)
+        problems = _validate_project(job) if Path(job).is_file() else validate_job(job)
         for problem in problems:
             print(problem)
         if problems:
@@ -108,3 +189,9 @@ def _validate(args: argparse.Namespace) -> int:
     if len(args.jobs) > 1:
         print(f"{len(args.jobs)} jobs checked, {invalid} invalid")
     return 1 if invalid else 0
+
+
+def _validate_project(path: str) -> list[Problem]:
+    from engine.provision import validate_project  # zmq loads only for project files
+
+    return validate_project(path)

@@ -88,6 +88,16 @@ class SecurityError(FlengineError):
     """
 
 
+class ProvisionError(FlengineError):
+    """Startup kits cannot be written as the project file says, or a kit cannot be read.
+
+    For example a participant left the project file without ``--remove``, a kit folder is
+    missing, a participant changed kind, or a ``kit.json`` is not one this flengine writes. The
+    message names the folder or file and the fix; ``flengine provision`` has written nothing
+    when it raises one.
+    """
+
+
 class CellError(FlengineError):
     """Base of the errors of the cells (messaging) layer."""
 

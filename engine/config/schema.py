@@ -1,4 +1,4 @@
-"""The JSON Schemas of job files: loading them from the package and checking documents.
+"""The JSON Schemas of config files (jobs, projects, site policies): loading them and checking documents.
 
 The schemas live in the repository's top-level ``schemas/`` folder, installed as the package data
 ``engine.schemas``. Each jsonschema error becomes one `Problem` with a message written for the
@@ -21,7 +21,7 @@ from referencing import Registry, Resource
 from engine.config.problems import Problem
 from engine.config.source import ConfigDocument
 
-SCHEMA_NAMES = ("common", "meta", "config_fed_server", "config_fed_client")
+SCHEMA_NAMES = ("common", "meta", "config_fed_server", "config_fed_client", "project", "site_policy")
 _URN = "urn:flengine:schemas:"
 
 _TYPE_WORDS = {
@@ -42,6 +42,11 @@ _MISSING_KEY_HINTS = {
     "workflows": "add `workflows = [{ id = ..., path = ..., args {...} }]`",
     "executors": 'add `executors = [{ tasks = ["*"], executor { path = ..., args {...} } }]`',
     "deploy_map": 'add `deploy_map { app = ["@ALL"] }`',
+    "server": "add `server { host = fl.example.org, port = 8002, org = ... }`",
+    "sites": "add `sites = [{ name = site-1, org = ... }]`",
+    "admins": "add `admins = [{ name = ..., org = ..., role = project_admin }]`",
+    "org": "add `org = ...`, the participant's organisation",
+    "role": "add `role = ...`: project_admin, org_admin, lead or member",
 }
 
 
