@@ -105,7 +105,70 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(handler=_run)
     _add_provision_command(commands)
+    _add_deploy_commands(commands)
     return parser
+
+
+def _add_deploy_commands(commands: argparse._SubParsersAction) -> None:
+    for role, what in (("server", "the server"), ("client", "a site's client")):
+        parser = commands.add_parser(role, help=f"run {what} of a provisioned project (production mode)")
+        actions = parser.add_subparsers(title="actions", metavar="ACTION", required=True)
+        start = actions.add_parser(
+            "start",
+            help=f"run {what} from its startup kit until stopped (SIGTERM, Ctrl-C or an admin's shutdown)",
+            description=(
+                f"Run {what} from its startup kit (checked against its MANIFEST.json first) in the "
+                "foreground until SIGTERM, Ctrl-C or an admin's shutdown. Its log goes to "
+                "WORKSPACE/log.txt."
+            ),
+        )
+        start.add_argument("kit", metavar="KIT", help="the startup kit folder that flengine provision wrote")
+        start.add_argument(
+            "--workspace",
+            default=None,
+            metavar="DIR",
+            help="where jobs and logs go (default: <kit>/../<name>-workspace)",
+        )
+        start.set_defaults(handler=_server_start if role == "server" else _client_start)
+    admin = commands.add_parser(
+        "admin",
+        help="run one admin command on the server of a provisioned project",
+        description=(
+            "Run one command on the server with an admin's startup kit: submit JOB_FOLDER (checked "
+            "here first; prints the job id), list, status JOB, abort JOB, download JOB [-o DIR], "
+            "logs JOB, clients, shutdown [SITE|all]. Exits 0 when the command succeeded, 1 when the "
+            "server refused or failed it, 2 on a usage error."
+        ),
+    )
+    admin.add_argument("kit", metavar="KIT", help="the admin's startup kit folder")
+    admin.add_argument(
+        "command",
+        metavar="COMMAND",
+        choices=("submit", "list", "status", "abort", "download", "logs", "clients", "shutdown"),
+        help="submit, list, status, abort, download, logs, clients or shutdown",
+    )
+    admin.add_argument("args", nargs="*", metavar="ARG", help="its arguments: a job folder, a job id, a site")
+    admin.add_argument("-o", "--output", default=None, metavar="DIR", help="download: where results go (default: .)")
+    admin.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+    admin.set_defaults(handler=_admin)
+
+
+def _server_start(args: argparse.Namespace) -> int:
+    from engine.deploy.console import run_server
+
+    return run_server(args.kit, args.workspace, verbose=args.verbose)
+
+
+def _client_start(args: argparse.Namespace) -> int:
+    from engine.deploy.console import run_client
+
+    return run_client(args.kit, args.workspace, verbose=args.verbose)
+
+
+def _admin(args: argparse.Namespace) -> int:
+    from engine.deploy.console import run_admin
+
+    return run_admin(args.kit, args.command, args.args, args.output, args.format)
 
 
 def _add_provision_command(commands: argparse._SubParsersAction) -> None:

@@ -8,6 +8,7 @@ A process exits when the process that started it goes away, so no orphan is left
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -74,7 +75,11 @@ def _site_settings(job: Job, args: argparse.Namespace) -> SiteSettings:
         log.warning("%s", INSECURE_WARNING)
     keys = Path(args.keys) if args.keys else None
     allowed = tuple(Path(folder) for folder in args.allow_dirs)
-    site = SiteSettings(args.site, cell_settings_of(config), keys, insecure=args.insecure, allowed_dirs=allowed)
+    cell = cell_settings_of(config)
+    if args.host or args.port is not None:  # a daemon's job port, not the job's own cell settings
+        port = cell.port if args.port is None else args.port
+        cell = dataclasses.replace(cell, host=args.host or cell.host, port=port)
+    site = SiteSettings(args.site, cell, keys, insecure=args.insecure, allowed_dirs=allowed)
     site.cell_security(server=args.role == "server")  # unsafe or missing keys fail here, at start
     return site
 
@@ -142,6 +147,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--job-id", default="job")
     parser.add_argument("--clients", default="", help="server: comma-separated client names")
     parser.add_argument("--connect", default="", help="client: the server's endpoint")
+    parser.add_argument("--host", default="", help="server: the address to bind (instead of the job's cell.host)")
+    parser.add_argument("--port", type=int, default=None, help="server: the port to bind (instead of cell.port)")
     parser.add_argument("--keys", default="", help="this site's keys folder (see engine.security.keys)")
     parser.add_argument("--insecure", action="store_true", help="no CURVE: plain TCP, unauthenticated")
     parser.add_argument(

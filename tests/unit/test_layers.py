@@ -55,7 +55,20 @@ ALLOWED = {
         "filters",
     },
     "provision": {"errors", "config", "cells", "security"},
-    "cli": {"errors", "config", "fobs", "cells", "streaming", "model", "runtime", "provision"},
+    "deploy": {
+        "errors",
+        "paths",
+        "config",
+        "cells",
+        "security",
+        "site",
+        "streaming",
+        "provision",
+        "runtime",
+        "fobs",
+        "model",
+    },
+    "cli": {"errors", "config", "fobs", "cells", "streaming", "model", "runtime", "provision", "deploy"},
     "__main__": {"cli"},
 }
 

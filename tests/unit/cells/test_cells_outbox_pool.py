@@ -82,7 +82,6 @@ def test_a_peer_may_queue_only_so_many_jobs() -> None:
     pool.stop(time.monotonic())
 
 
-
 def test_a_peer_may_queue_only_so_many_bytes_but_always_one_message() -> None:
     pool = HandlerPool(1, "test", queued_bytes_per_peer=100)
     pool.start()
@@ -98,6 +97,7 @@ def test_a_peer_may_queue_only_so_many_bytes_but_always_one_message() -> None:
     time.sleep(0.2)  # the queue drains: its bytes are free again
     assert pool.submit(lambda: None, "flooder", 60) and pool.submit(lambda: None, "flooder", 40)
     assert pool.stop(time.monotonic() + 5) == 0
+
 
 def test_pool_stop_is_bounded_by_a_stuck_job() -> None:
     pool = HandlerPool(1, "test")

@@ -1,0 +1,145 @@
+"""The ``flengine server``, ``flengine client`` and ``flengine admin`` commands: arguments to daemons and sessions.
+
+``server start`` and ``client start`` run in the foreground until SIGTERM or Ctrl-C (or an
+admin's ``shutdown``); their log goes to ``<workspace>/log.txt`` and one line per start and stop
+to stdout. ``admin`` runs one command and prints its answer, as text or (``--format json``) as
+one JSON document; it exits 0 when the command succeeded and 1 when the server refused it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from engine.provision import Kit, load_kit
+
+log = logging.getLogger(__name__)
+
+
+def default_workspace(kit: Kit) -> Path:
+    """``<kit's parent>/<identity>-workspace``: next to the kit, never inside it (the manifest covers the kit)."""
+    return kit.folder.resolve().parent / f"{kit.identity}-workspace"
+
+
+def run_server(kit_folder: str, workspace: str | None, verbose: bool = False) -> int:
+    """``flengine server start KIT``: run the server daemon until stopped; return the exit code."""
+    from engine.deploy.server import ServerDaemon
+
+    kit = load_kit(kit_folder)
+    folder = Path(workspace) if workspace else default_workspace(kit)
+    _log_to(folder, verbose)
+    daemon = ServerDaemon(kit, folder)
+    return _serve(daemon, f"server of project {kit.project}", folder)
+
+
+def run_client(kit_folder: str, workspace: str | None, verbose: bool = False) -> int:
+    """``flengine client start KIT``: run a site's client daemon until stopped; return the exit code."""
+    from engine.deploy.client import ClientDaemon
+
+    kit = load_kit(kit_folder)
+    folder = Path(workspace) if workspace else default_workspace(kit)
+    _log_to(folder, verbose)
+    daemon = ClientDaemon(kit, folder)
+    return _serve(daemon, f"client {kit.identity} of project {kit.project}", folder)
+
+
+def _serve(daemon: Any, what: str, folder: Path) -> int:
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    daemon.start()
+    print(f"{what} started; workspace {folder}; log {folder / 'log.txt'}", flush=True)
+    watcher = threading.Thread(target=lambda: (daemon.stopped.wait(), stop.set()), daemon=True)
+    watcher.start()
+    while not stop.wait(0.5):  # signals reach the main thread between waits
+        pass
+    daemon.stop("stopped by a signal" if not daemon.stopped.is_set() else "shutdown")
+    print(f"{what} stopped", flush=True)
+    return 0
+
+
+def _log_to(folder: Path, verbose: bool) -> None:
+    from engine.runtime.process import log_to_file
+
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log_to_file(folder, verbose)
+
+
+def run_admin(kit_folder: str, command: str, args: list[str], output: str | None, fmt: str) -> int:
+    """``flengine admin KIT COMMAND [ARGS]``: run one command, print its answer; return the exit code."""
+    from engine.deploy.admin import AdminSession
+
+    kit = load_kit(kit_folder)
+    with AdminSession(kit) as session:
+        if command == "submit":
+            answer = session.submit(Path(_one(command, args, "JOB_FOLDER")))
+        elif command == "download":
+            folder = session.download(_one(command, args, "JOB_ID"), Path(output or "."))
+            answer = {"job_id": args[0], "folder": str(folder)}
+        elif command in ("status", "abort", "logs"):
+            answer = session.command(command, job_id=_one(command, args, "JOB_ID"))
+        elif command in ("list", "clients"):
+            _none(command, args)
+            answer = session.command(command)
+        elif command == "shutdown":
+            answer = session.command(command, target=args[0] if args else "server")
+        else:
+            raise _usage(f"unknown admin command {command!r}")
+    if fmt == "json":
+        print(json.dumps(answer, indent=2, default=str))
+    else:
+        _print_text(command, answer)
+    return 0
+
+
+def _one(command: str, args: list[str], what: str) -> str:
+    if len(args) != 1:
+        raise _usage(f"flengine admin KIT {command} {what}: expected one {what}, got {len(args)} arguments")
+    return args[0]
+
+
+def _none(command: str, args: list[str]) -> None:
+    if args:
+        raise _usage(f"flengine admin KIT {command}: takes no arguments, got {' '.join(args)}")
+
+
+def _usage(message: str) -> Exception:
+    from engine.errors import UsageError
+
+    return UsageError(message)
+
+
+def _print_text(command: str, answer: Any) -> None:
+    out = sys.stdout
+    if command == "submit":
+        print(f"submitted: {answer['job_id']} ({answer['name']})", file=out)
+    elif command == "list":
+        if not answer:
+            print("no jobs", file=out)
+        for job in answer:
+            print(
+                f"{job['job_id']}  {job['status']:<28} {job['name']:<16} {job['submitter']:<12} {job['submitted_at']}"
+            )
+    elif command in ("status", "abort"):
+        for key in ("job_id", "name", "status", "submitter", "submitter_org", "sites", "port", "submitted_at",
+                    "started_at", "finished_at", "reason", "waiting"):  # fmt: skip
+            if answer.get(key) not in (None, "", []):
+                print(f"{key:<14} {answer[key]}", file=out)
+    elif command == "logs":
+        print("\n".join(answer["lines"]), file=out)
+    elif command == "clients":
+        for site in answer:
+            state = (
+                f"connected, last status {site['last_status_s']:.1f} s ago" if site["connected"] else "not connected"
+            )
+            jobs = ", ".join(site["jobs"]) or "no jobs"
+            print(f"{site['site']:<12} {site['org']:<16} {state}; {jobs}", file=out)
+    elif command == "download":
+        print(f"downloaded to {answer['folder']}", file=out)
+    else:
+        print(json.dumps(answer, default=str), file=out)

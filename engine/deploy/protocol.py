@@ -1,0 +1,45 @@
+"""What the server daemon, the client daemons and admin sessions say to each other over their cells.
+
+Every connection is the server daemon's cell (``server``, bound on the kit's port) and a client
+of it: a client daemon (``site-1``), or an admin session (``alice.<token>``, a child cell of the
+admin's identity, so that two commands of one admin can run at once). The server takes each
+sender's identity from its key (the cells layer), never from a header.
+
+A job runs in job processes of its own (``python -m engine.runtime.entry``): the server's binds
+one of the server's job ports, and each site's connects to it, exactly as in the simulator.
+"""
+
+from __future__ import annotations
+
+#: Admin session -> server daemon: one request per command; header ``command`` and its args.
+ADMIN_CHANNEL = "admin"
+#: The one topic of the admin channel.
+TOPIC_COMMAND = "command"
+
+#: Server daemon <-> client daemons.
+SITE_CHANNEL = "site"
+#: Client -> server, fire and forget, every few seconds: header ``running`` (job ids), ``resources``.
+TOPIC_STATUS = "status"
+#: Server -> client request: run a job. Header: ``job_id``, ``name``, ``submitter``, ``org``,
+#: ``port``, ``ref`` (the job archive offered to the site), ``digest`` (its sha256), ``size``.
+#: Reply header: ``accepted`` (bool) and ``reason`` when not.
+TOPIC_DEPLOY = "deploy"
+#: Server -> client request: stop a job's process now (header ``job_id``, ``reason``).
+TOPIC_ABORT = "abort"
+#: Client -> server, fire and forget: a job process of this site ended (``job_id``, ``code``).
+TOPIC_JOB_ENDED = "job_ended"
+#: Server -> client request: stop the client daemon (its job processes first).
+TOPIC_SHUTDOWN = "shutdown"
+
+#: Seconds between two status messages of a client daemon.
+STATUS_INTERVAL_S = 2.0
+#: Seconds after which a site that sent no status counts as gone for scheduling.
+STATUS_TIMEOUT_S = 10.0
+#: Seconds a site has to download, check and start a deployed job.
+DEPLOY_TIMEOUT_S = 120.0
+#: Largest job archive the server takes from an admin, or a site from the server.
+MAX_JOB_ARCHIVE_BYTES = 1 << 30
+#: Chunk size of job archive and result downloads.
+ARCHIVE_CHUNK_BYTES = 1 << 20
+#: How many job ports the server uses by default, after its own port (``port + 1`` on).
+DEFAULT_JOB_PORTS = 10

@@ -1,0 +1,208 @@
+"""Production mode end to end: a provisioned project, the server and two site daemons as separate
+long-running processes (each with only its own kit and workspace), jobs submitted, watched,
+aborted and downloaded through `flengine admin`, exactly as an operator would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.provision import load_project, provision
+from tests.integration.runtime.jobkit import expected_delta, make_bench_job
+
+ROOT = Path(__file__).resolve().parents[3]
+SITES = ("site-1", "site-2")
+
+
+def free_port_block(count: int) -> int:
+    """A port p such that p .. p + count - 1 are free on 127.0.0.1 now."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65000:
+            continue
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no free block of ports")
+
+
+class Deployment:
+    """The kits of a provisioned project and the daemons started from them (stopped at the end)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port_block(11)
+        project = root / "project.conf"
+        project.write_text(
+            "name = e2e\n"
+            f"server {{ host = 127.0.0.1, port = {self.port}, org = lab }}\n"
+            "sites = [ { name = site-1, org = hospital-a }, { name = site-2, org = hospital-b } ]\n"
+            "admins = [ { name = alice, org = lab, role = project_admin },\n"
+            "           { name = carol, org = hospital-b, role = member } ]\n"
+        )
+        self.kits = root / "kits"
+        provision(load_project(project), self.kits)
+        self.daemons: dict[str, subprocess.Popen[str]] = {}
+
+    def start(self, name: str, role: str) -> subprocess.Popen[str]:
+        workspace = self.root / f"{name}-workspace"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "engine", role, "start", str(self.kits / name), "--workspace", str(workspace)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        line = process.stdout.readline()
+        assert "started" in line, f"{name} did not start: {line}{process.stderr.read() if process.poll() else ''}"
+        self.daemons[name] = process
+        return process
+
+    def admin(self, who: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "engine", "admin", str(self.kits / who), *args],
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+    def admin_json(self, who: str, *args: str):
+        done = self.admin(who, *args, "--format", "json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def wait_status(self, job_id: str, *final: str, timeout_s: float = 120.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        record = {}
+        while time.monotonic() < deadline:
+            record = self.admin_json("alice", "status", job_id)
+            if record["status"] in final:
+                return record
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} still {record.get('status')}: {record}")
+
+    def wait_connected(self, *sites: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            answer = self.admin_json("alice", "clients")
+            if all(entry["connected"] for entry in answer if entry["site"] in sites):
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"sites not connected: {answer}")
+
+    def stop(self, name: str) -> int:
+        process = self.daemons.pop(name)
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait(5)
+
+    def close(self) -> None:
+        for name in list(self.daemons):
+            self.stop(name)
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    deployment = Deployment(tmp_path)
+    try:
+        yield deployment
+    finally:
+        deployment.close()
+    leftovers = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    for pid in leftovers:
+        os.kill(int(pid), signal.SIGKILL)
+    assert not leftovers, "job processes outlived their daemons"
+
+
+def bench_initial(job: Path) -> dict[str, torch.Tensor]:
+    sys.path.insert(0, str(job / "app" / "custom"))
+    try:
+        from benchnet_model import BenchNet
+
+        return {name: t.detach().clone() for name, t in BenchNet(layers=2, width=32).state_dict().items()}
+    finally:
+        sys.path.remove(str(job / "app" / "custom"))
+
+
+def test_a_job_submitted_to_a_deployed_project_runs_on_both_sites_and_downloads(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    job = make_bench_job(tmp_path / "jobs", num_rounds=2)
+    deployment.start("server", "server")
+    for site in SITES:
+        deployment.start(site, "client")
+    deployment.wait_connected(*SITES)
+
+    submitted = deployment.admin("alice", "submit", str(job))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.split()[1]
+    record = deployment.wait_status(job_id, "FINISHED_COMPLETED", "FINISHED_EXECUTION_EXCEPTION", "FINISHED_REJECTED")
+
+    assert record["status"] == "FINISHED_COMPLETED", record
+    assert sorted(record["sites"]) == list(SITES)
+    downloaded = deployment.admin("alice", "download", job_id, "-o", str(tmp_path / "results"))
+    assert downloaded.returncode == 0, downloaded.stderr
+    final = load_file(tmp_path / "results" / job_id / "server" / "models" / "global.safetensors")
+    for name, tensor in bench_initial(job).items():
+        expected = tensor.double() + 2 * expected_delta(2)
+        assert torch.allclose(final[name].double(), expected, rtol=0, atol=1e-6), name
+    assert "FINISHED_COMPLETED" in deployment.admin("alice", "list").stdout
+    # a member sees the list but may not abort, download or read logs; the audit log has it all
+    refused = deployment.admin("carol", "download", job_id)
+    assert refused.returncode == 1 and "member carol may not download" in refused.stderr
+    audit = (tmp_path / "server-workspace" / "audit.log").read_text().splitlines()
+    actions = [(entry["actor"], entry["action"], entry["outcome"]) for entry in map(json.loads, audit)]
+    assert ("alice", "submit", "ok") in actions and ("carol", "download", "refused") in actions
+    assert ("server", "job_end", "FINISHED_COMPLETED") in actions
+    site_audit = [json.loads(line) for line in (tmp_path / "site-1-workspace" / "audit.log").read_text().splitlines()]
+    assert [e["action"] for e in site_audit if e.get("job") == job_id][:1] == ["job_start"]
+
+
+def test_abort_ends_every_job_process_and_the_server_keeps_its_jobs_over_a_restart(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    slow = make_bench_job(tmp_path / "slow", num_rounds=200)
+    deployment.start("server", "server")
+    for site in SITES:
+        deployment.start(site, "client")
+    deployment.wait_connected(*SITES)
+    job_id = deployment.admin_json("alice", "submit", str(slow))["job_id"]
+    deployment.wait_status(job_id, "RUNNING")
+
+    aborted = deployment.admin_json("alice", "abort", job_id)
+
+    assert aborted["status"] == "FINISHED_ABORTED" and "aborted by alice" in aborted["reason"]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and subprocess.run(["pgrep", "-f", job_id], capture_output=True).stdout:
+        time.sleep(0.2)
+    assert not subprocess.run(["pgrep", "-f", job_id], capture_output=True).stdout, "a job process outlived abort"
+    assert deployment.stop("server") == 0
+    deployment.start("server", "server")
+    listed = deployment.admin_json("alice", "list")
+    assert [(job["job_id"], job["status"]) for job in listed] == [(job_id, "FINISHED_ABORTED")]
