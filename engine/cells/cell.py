@@ -32,7 +32,7 @@ from engine.cells.outbox import Outbox
 from engine.cells.pending import PendingRequests, ReplyFuture
 from engine.cells.pool import HandlerPool
 from engine.cells.protocol import HANDLER_GRACE_MAX_S, Kind, Status
-from engine.cells.security import CellSecurity
+from engine.cells.security import Allowlist, CellSecurity
 from engine.cells.server_core import ServerCore
 from engine.cells.settings import CellSettings
 from engine.errors import CellClosedError, CellError
@@ -82,6 +82,7 @@ class Cell:
             raise ValueError(
                 f"cell {fqcn!r}: a server cell's security needs an allowlist, a client cell's the server's public key"
             )
+        allowlist = None if security is None else security.allowlist
         if connect_to is None:
             self._core: ServerCore | ClientCore = ServerCore(
                 self._fqcn,
@@ -90,6 +91,7 @@ class Cell:
                 pending=self._pending,
                 next_id=self._next_id,
                 authenticated=security is not None,
+                still_allowed=None if allowlist is None else allowlist.has_identity,
             )
         else:
             self._core = ClientCore(
@@ -133,6 +135,11 @@ class Cell:
     def secure(self) -> bool:
         """True when the cell's connections use CURVE."""
         return self._security is not None
+
+    @property
+    def allowlist(self) -> Allowlist | None:
+        """Server: the keys it accepts (replace them to reload; revoked identities are cut off)."""
+        return None if self._security is None else self._security.allowlist
 
     @property
     def link_error(self) -> str | None:

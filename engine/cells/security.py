@@ -66,7 +66,8 @@ class Allowlist:
     """The public keys a server cell accepts, each mapped to exactly one identity.
 
     Thread-safe: the I/O thread reads it for every handshake, and :meth:`replace` swaps the
-    whole table at once (a reloaded allowlist applies to new connections).
+    whole table at once: a reloaded allowlist applies to new connections, and a server cell
+    refuses every further message of a connection whose identity left the list.
 
     Args:
         identities: Identity -> Z85 public key.
@@ -83,6 +84,7 @@ class Allowlist:
 
     def __init__(self, identities: Mapping[str, bytes | str]) -> None:
         self._by_raw_key: dict[bytes, str] = {}
+        self._identities: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self.replace(identities)
 
@@ -98,11 +100,24 @@ class Allowlist:
             table[raw] = identity
         with self._lock:
             self._by_raw_key = table
+            self._identities = frozenset(table.values())
+
+    def replace_with(self, other: Allowlist) -> None:
+        """Swap in ``other``'s table (a freshly loaded allowlist file set) at once."""
+        with other._lock:
+            table = dict(other._by_raw_key)
+        with self._lock:
+            self._by_raw_key = table
+            self._identities = frozenset(table.values())
 
     def identity_of_raw(self, raw_key: bytes) -> str | None:
         """The identity of a 32-byte public key, or None when the key is not on the list."""
         with self._lock:
             return self._by_raw_key.get(raw_key)
+
+    def has_identity(self, identity: str) -> bool:
+        """Whether ``identity`` is on the list now (a revoked one is not)."""
+        return identity in self._identities  # one read of an immutable set: no lock needed
 
     def identities(self) -> list[str]:
         """The identities on the list, sorted."""

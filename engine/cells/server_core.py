@@ -41,6 +41,9 @@ class ServerCore(CellCore):
     Args:
         authenticated: True when every connection carries an identity from its CURVE key (the
             cell has an allowlist); a message without one is then refused.
+        still_allowed: Whether an authenticated identity is still on the allowlist; a
+            connection whose identity was revoked since its handshake is refused every message
+            and its cells are unregistered. None: never revoked.
     """
 
     is_server = True
@@ -55,9 +58,11 @@ class ServerCore(CellCore):
         next_id: Callable[[], int],
         endpoint: str = "",
         authenticated: bool = False,
+        still_allowed: Callable[[str], bool] | None = None,
     ) -> None:
         super().__init__(fqcn, settings, handlers=handlers, pending=pending, next_id=next_id, endpoint=endpoint)
         self._authenticated = authenticated
+        self._still_allowed = still_allowed
         self._peers = PeerTable()
         self._relay = RelayTable()
         self._peer_names: tuple[str, ...] = ()
@@ -96,6 +101,8 @@ class ServerCore(CellCore):
         assert routing_id is not None
         if self._authenticated and not (identity and name_owned_by(identity, envelope.source)):
             return self._refuse_impostor(routing_id, envelope, identity)
+        if identity and self._still_allowed is not None and not self._still_allowed(identity):
+            return self._refuse_revoked(routing_id, envelope, identity)
         if envelope.kind is Kind.HELLO:
             return self._on_hello(routing_id, envelope, now_s, identity)
         fqcn = self._peers.fqcn_of(routing_id)
@@ -163,6 +170,24 @@ class ServerCore(CellCore):
             return []
         answer = envelope.reply(self._next_id(), Status.ERROR, why)
         return [Send(routing_id, [encode_envelope(answer)], answer)]
+
+    def _refuse_revoked(self, routing_id: bytes, envelope: Envelope, identity: str) -> list[Action]:
+        """Answer a message of a connection whose identity left the allowlist; forget its cell."""
+        self.count("revoked")
+        why = f"{self.fqcn}: the key of {identity!r} is no longer on the allowlist"
+        REFUSALS.warning(logger, "message refused: %s kind=%s", why, envelope.kind.name)
+        actions: list[Action] = []
+        fqcn = self._peers.fqcn_of(routing_id)
+        if fqcn is not None:
+            actions += self._forget_peer(fqcn, why)
+        if envelope.kind is Kind.HELLO:
+            ack = Envelope(Kind.HELLO_ACK, self._next_id(), self.fqcn, envelope.source,
+                           reply_to=envelope.msg_id, status=Status.ERROR, reason=why)  # fmt: skip
+            return [*actions, Send(routing_id, [encode_envelope(ack)], ack)]
+        if envelope.kind is Kind.REQUEST:
+            answer = envelope.reply(self._next_id(), Status.ERROR, why)
+            actions.append(Send(routing_id, [encode_envelope(answer)], answer))
+        return actions
 
     def _on_hello(self, routing_id: bytes, envelope: Envelope, now_s: float, identity: str | None) -> list[Action]:
         name = envelope.source

@@ -12,7 +12,11 @@ It runs until stopped (SIGTERM, Ctrl-C or an admin's ``shutdown``) and:
   it against its own policy and starts its job process, and the job's server process starts on
   one of the job ports (``port + 1`` on), the same runtime `flengine run` uses,
 - answers admin commands (`engine.deploy.commands`), each authorized by the admin's role and
-  written to the audit log (``<workspace>/audit.log``).
+  written to the audit log (``<workspace>/audit.log``),
+- picks up a re-provisioned server kit without a restart: when the kit's ``MANIFEST.json``
+  changes, the kit is verified again and its allowlist and participants replace the old ones
+  (a participant that left is cut off at its next message; a kit that fails the check is logged
+  and the old settings stay).
 """
 
 from __future__ import annotations
@@ -39,9 +43,10 @@ from engine.deploy.job_process import JobProcess
 from engine.deploy.job_store import JobRecord, JobStore
 from engine.deploy.scheduler import Placement, SiteState, place
 from engine.errors import CellError, FlengineError, UsageError
-from engine.provision import Kit
+from engine.provision import MANIFEST_FILE, Kit, load_kit
 from engine.provision.kit import PARTICIPANTS_FILE
 from engine.runtime.states import JobState
+from engine.security import ALLOWLIST_FOLDER, load_allowlist
 from engine.site import SiteEndpoint, SiteSettings
 
 log = logging.getLogger(__name__)
@@ -94,6 +99,7 @@ class ServerDaemon:
         self._waiting: dict[str, str] = {}  # job id -> why it waits
         self._endpoint: SiteEndpoint | None = None
         self._threads: list[threading.Thread] = []
+        self._kit_stamp = _stamp(kit.folder / MANIFEST_FILE)
 
     # ----------------------------------------------------------------- life
 
@@ -192,9 +198,34 @@ class ServerDaemon:
     def _schedule_loop(self) -> None:
         while not self.stopped.wait(SCHEDULE_INTERVAL_S):
             try:
+                self.reload_kit_if_changed()
                 self._schedule_once()
             except Exception:
                 log.exception("scheduler error")
+
+    def reload_kit_if_changed(self) -> bool:
+        """Load the allowlist and participants again when the kit's manifest changed; True if reloaded."""
+        stamp = _stamp(self.kit.folder / MANIFEST_FILE)
+        if stamp == self._kit_stamp:
+            return False
+        self._kit_stamp = stamp
+        try:
+            kit = load_kit(self.kit.folder)
+            participants = load_participants(kit.folder / PARTICIPANTS_FILE)
+            allowlist = load_allowlist(kit.keys_dir / ALLOWLIST_FOLDER)
+        except FlengineError as e:
+            log.error("the server kit changed but cannot be loaded; the old allowlist stays: %s", e)
+            self.audit.record("server", "reload", "failed", reason=str(e))
+            return False
+        current = self.endpoint.cell.allowlist
+        assert current is not None  # a server cell of a kit always has one
+        before = set(current.identities())
+        current.replace_with(allowlist)
+        self.participants = participants
+        added, removed = sorted(set(allowlist.identities()) - before), sorted(before - set(allowlist.identities()))
+        self.audit.record("server", "reload", "ok", added=added, removed=removed)
+        log.info("server kit reloaded: added=%s removed=%s", added, removed)
+        return True
 
     def _schedule_once(self) -> None:
         for record in self.store.queued():
@@ -360,6 +391,14 @@ class ServerDaemon:
         thread = threading.Thread(target=target, name=f"server-{name}", daemon=True)
         thread.start()
         self._threads.append(thread)
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns
 
 
 def _read_outcome(path: Path) -> dict[str, Any]:

@@ -54,17 +54,22 @@ class Deployment:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.port = free_port_block(11)
-        project = root / "project.conf"
+        self.kits = root / "kits"
+        self.provision(SITES)
+        self.daemons: dict[str, subprocess.Popen[str]] = {}
+
+    def provision(self, sites: tuple[str, ...], remove: bool = False) -> None:
+        """Write (or update) the kits: ``sites`` at one hospital each, admins alice and carol."""
+        project = self.root / "project.conf"
+        listed = ", ".join(f"{{ name = {site}, org = hospital-{site[-1]} }}" for site in sites)
         project.write_text(
             "name = e2e\n"
             f"server {{ host = 127.0.0.1, port = {self.port}, org = lab }}\n"
-            "sites = [ { name = site-1, org = hospital-a }, { name = site-2, org = hospital-b } ]\n"
+            f"sites = [ {listed} ]\n"
             "admins = [ { name = alice, org = lab, role = project_admin },\n"
-            "           { name = carol, org = hospital-b, role = member } ]\n"
+            "           { name = carol, org = hospital-2, role = member } ]\n"
         )
-        self.kits = root / "kits"
-        provision(load_project(project), self.kits)
-        self.daemons: dict[str, subprocess.Popen[str]] = {}
+        provision(load_project(project), self.kits, remove=remove)
 
     def start(self, name: str, role: str) -> subprocess.Popen[str]:
         workspace = self.root / f"{name}-workspace"
@@ -206,3 +211,32 @@ def test_abort_ends_every_job_process_and_the_server_keeps_its_jobs_over_a_resta
     deployment.start("server", "server")
     listed = deployment.admin_json("alice", "list")
     assert [(job["job_id"], job["status"]) for job in listed] == [(job_id, "FINISHED_ABORTED")]
+
+
+def test_a_reprovisioned_server_kit_is_picked_up_without_a_restart(deployment: Deployment, tmp_path: Path) -> None:
+    deployment.start("server", "server")
+    deployment.start("site-1", "client")
+    deployment.wait_connected("site-1")
+
+    deployment.provision(("site-1", "site-2", "site-3"))  # in place: the running server's kit changes
+    deployment.start("site-3", "client")
+    deployment.wait_connected("site-3")
+    deployment.provision(("site-2", "site-3"), remove=True)  # site-1 revoked while connected
+    deadline = time.monotonic() + 20
+    clients = []
+    while time.monotonic() < deadline:
+        clients = [entry["site"] for entry in deployment.admin_json("alice", "clients")]
+        if "site-1" not in clients:
+            break
+        time.sleep(0.5)
+
+    assert clients == ["site-2", "site-3"]
+    audit = [json.loads(line) for line in (tmp_path / "server-workspace" / "audit.log").read_text().splitlines()]
+    reloads = [(entry["added"], entry["removed"]) for entry in audit if entry["action"] == "reload"]
+    assert reloads == [(["site-3"], []), ([], ["site-1"])]
+    deadline = time.monotonic() + 10
+    log = ""
+    while time.monotonic() < deadline and "no longer on the allowlist" not in log:
+        time.sleep(0.5)
+        log = (tmp_path / "server-workspace" / "log.txt").read_text()
+    assert "the key of 'site-1' is no longer on the allowlist" in log

@@ -188,3 +188,35 @@ def test_one_identity_may_register_only_so_many_cells() -> None:
     assert acks[-1].status is Status.ERROR and "cells registered already" in acks[-1].reason
     other = answers(core.on_frames(b"x", frames_of(Kind.HELLO, "site-2"), 0.0, "site-2"))
     assert other[0].status is Status.OK  # another site is not affected
+
+
+def test_a_connection_whose_identity_leaves_the_allowlist_is_refused_from_then_on() -> None:
+    allowlist = Allowlist({"site-1": SITE_1[0], "site-2": SITE_2[0]})
+    handlers = HandlerRegistry()
+    handlers.register("demo", "echo", lambda m: Reply())
+    core = ServerCore(
+        "server",
+        CellSettings(),
+        handlers=handlers,
+        pending=PendingRequests("server"),
+        next_id=lambda: next(_ids),
+        authenticated=True,
+        still_allowed=allowlist.has_identity,
+    )
+    request = {"channel": "demo", "topic": "echo", "timeout_ms": 1000}
+    for connection, site in ((b"c1", "site-1"), (b"c2", "site-2")):
+        core.on_frames(connection, frames_of(Kind.HELLO, site), 0.0, site)
+
+    allowlist.replace({"site-1": SITE_1[0]})  # site-2 revoked: its open connection stays open in ZeroMQ
+    revoked = answers(core.on_frames(b"c2", frames_of(Kind.REQUEST, "site-2", **request), 1.0, "site-2"))
+    kept = core.on_frames(b"c1", frames_of(Kind.REQUEST, "site-1", **request), 1.0, "site-1")
+
+    assert (revoked[0].status, revoked[0].reason) == (
+        Status.ERROR,
+        "server: the key of 'site-2' is no longer on the allowlist",
+    )
+    assert core.peer_names() == ("site-1",)
+    assert [type(a).__name__ for a in kept] == ["Dispatch"]
+    assert core.stats()["revoked"] == 1
+    hello = answers(core.on_frames(b"c2", frames_of(Kind.HELLO, "site-2"), 2.0, "site-2"))
+    assert (hello[0].kind, hello[0].status) == (Kind.HELLO_ACK, Status.ERROR)
