@@ -22,6 +22,7 @@ from engine.deploy import protocol
 from engine.deploy.archive import archive_digest, unpack_job
 from engine.deploy.audit import AuditLog
 from engine.deploy.job_process import JobProcess
+from engine.deploy.results import offer_results
 from engine.errors import CellError, FlengineError, UsageError
 from engine.provision import Kit
 from engine.provision.policy import POLICY_FILE, SitePolicy, load_site_policy
@@ -194,11 +195,15 @@ class ClientDaemon:
         return None
 
     def _ended(self, job_id: str, code: int) -> None:
+        """The job process ended: audit it, tell the server, and offer it this site's results."""
         self.audit.record(self.kit.identity, "job_end", "ok" if code == 0 else "failed", job=job_id, code=code)
+        if self.stopped.is_set():
+            return
         try:
-            self.endpoint.cell.send(
-                self.kit.server.name, protocol.SITE_CHANNEL, protocol.TOPIC_JOB_ENDED, {"job_id": job_id, "code": code}
-            )
+            folder = self.workspace / job_id / "workspace" / self.kit.identity
+            results = offer_results(self.endpoint, folder, self.kit.server.name)
+            header = {"job_id": job_id, "code": code, **results}
+            self.endpoint.cell.send(self.kit.server.name, protocol.SITE_CHANNEL, protocol.TOPIC_JOB_ENDED, header)
         except (CellError, RuntimeError) as e:
             log.warning("job end of %s not reported: %s", job_id, e)
 

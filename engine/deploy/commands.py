@@ -145,13 +145,16 @@ class AdminCommands:
         record, denied = self._job_for(user, message, "logs")
         if denied:
             return denied
-        path = self.daemon.store.workspace(record.job_id) / self.daemon.kit.identity / "log.txt"
+        site = str(message.header.get("site") or self.daemon.kit.identity)
+        if site != self.daemon.kit.identity and site not in record.sites:
+            return self._refuse(user.name, "logs", f"job {record.job_id} did not run on {site!r}", job=record.job_id)
+        path = self.daemon.store.workspace(record.job_id) / site / "log.txt"
         try:
             lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_LINES:]
         except OSError:
             lines = []
-        self.daemon.audit.record(user.name, "logs", "ok", job=record.job_id)
-        return reply_json({"job_id": record.job_id, "site": self.daemon.kit.identity, "lines": lines})
+        self.daemon.audit.record(user.name, "logs", "ok", job=record.job_id, site=site)
+        return reply_json({"job_id": record.job_id, "site": site, "lines": lines})
 
     def _clients(self, user: Participant, message: Message) -> Reply:
         denied = authorize(user, "clients")

@@ -81,7 +81,11 @@ def run_admin(kit_folder: str, command: str, args: list[str], output: str | None
         elif command == "download":
             folder = session.download(_one(command, args, "JOB_ID"), Path(output or "."))
             answer = {"job_id": args[0], "folder": str(folder)}
-        elif command in ("status", "abort", "logs"):
+        elif command == "logs":
+            if not 1 <= len(args) <= 2:
+                raise _usage(f"flengine admin KIT logs JOB_ID [SITE]: expected 1 or 2 arguments, got {len(args)}")
+            answer = session.command(command, job_id=args[0], site=args[1] if len(args) == 2 else "")
+        elif command in ("status", "abort"):
             answer = session.command(command, job_id=_one(command, args, "JOB_ID"))
         elif command in ("list", "clients"):
             _none(command, args)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import shutil
@@ -30,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from engine.deploy.audit import AuditLog
 from engine.deploy.authz import load_participants
 from engine.deploy.job_process import JobProcess
 from engine.deploy.job_store import JobRecord, JobStore
+from engine.deploy.results import take_results
 from engine.deploy.scheduler import Placement, SiteState, place
 from engine.errors import CellError, FlengineError, UsageError
 from engine.provision import MANIFEST_FILE, Kit, load_kit
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two looks of the scheduler at the queue.
 SCHEDULE_INTERVAL_S = 1.0
+#: Seconds the end of a job waits for its sites' job processes to end and hand in their results.
+RESULTS_WAIT_S = 30.0
 #: The job process's outcome file, in its site folder of the job workspace.
 RESULT_FILE = "result.json"
 REJECTED = "FINISHED_REJECTED"
@@ -67,7 +71,7 @@ class RunningJob:
     port: int
     process: JobProcess | None = None
     aborted_by: str = ""
-    site_exits: dict[str, int] = field(default_factory=dict)
+    ended_sites: set[str] = dataclasses.field(default_factory=set)  # job process ended, results taken
 
 
 class ServerDaemon:
@@ -182,16 +186,34 @@ class ServerDaemon:
         return None
 
     def _on_job_ended(self, message: Message) -> None:
+        """A site's job process ended: record it, and take the site's results it offers."""
         site = message.source.split(".", 1)[0]
-        job_id = str(message.header.get("job_id", ""))
         code = message.header.get("code")
+        try:
+            record = self.store.get(str(message.header.get("job_id", "")))
+        except FlengineError:
+            record = None
+        if record is None or site not in record.sites or message.source != site or type(code) is not int:
+            log.warning("job end refused: %s ran no such job", message.source)
+            return None
+        self.audit.record(site, "job_process_end", "ok" if code == 0 else "failed", job=record.job_id, code=code)
+        try:
+            taken = take_results(self.endpoint, site, message.header, self.store.workspace(record.job_id) / site)
+        except FlengineError as e:
+            log.warning("results of %s for job %s not taken: %s", site, record.job_id, e)
+            self.audit.record(site, "results", "refused", job=record.job_id, reason=str(e))
+            self._site_ended(record.job_id, site)
+            return None
+        if taken is not None:
+            self.audit.record(site, "results", "ok", job=record.job_id)
+        self._site_ended(record.job_id, site)
+        return None
+
+    def _site_ended(self, job_id: str, site: str) -> None:
         with self._lock:
             job = self._running.get(job_id)
-            if job is None or site not in job.placement.sites or type(code) is not int:
-                return None
-            job.site_exits[site] = code
-        self.audit.record(site, "job_process_end", "ok" if code == 0 else "failed", job=job_id, code=code)
-        return None
+            if job is not None:
+                job.ended_sites.add(site)
 
     # ----------------------------------------------------------------- scheduling
 
@@ -344,6 +366,12 @@ class ServerDaemon:
         if job.aborted_by:
             state, reason = JobState.FINISHED_ABORTED.value, job.aborted_by
         self._abort_sites(job_id, list(job.placement.sites), "the job ended")
+        deadline = time.monotonic() + RESULTS_WAIT_S  # so that a finished job's download holds every site's results
+        while time.monotonic() < deadline and not self.stopped.is_set():
+            with self._lock:
+                if job.ended_sites >= set(job.placement.sites):
+                    break
+            time.sleep(0.1)
         self._finish(job_id, state, reason)
 
     def _finish(self, job_id: str, state: str, reason: str) -> None:

@@ -177,6 +177,11 @@ def test_a_job_submitted_to_a_deployed_project_runs_on_both_sites_and_downloads(
     for name, tensor in bench_initial(job).items():
         expected = tensor.double() + 2 * expected_delta(2)
         assert torch.allclose(final[name].double(), expected, rtol=0, atol=1e-6), name
+    for site in SITES:  # every site handed in its results before the job counted as finished
+        process = json.loads((tmp_path / "results" / job_id / site / "process.json").read_text())
+        assert process["tasks_done"] == 2
+    logs = deployment.admin_json("alice", "logs", job_id, "site-2")
+    assert logs["site"] == "site-2" and any("task" in line for line in logs["lines"])
     assert "FINISHED_COMPLETED" in deployment.admin("alice", "list").stdout
     # a member sees the list but may not abort, download or read logs; the audit log has it all
     refused = deployment.admin("carol", "download", job_id)
