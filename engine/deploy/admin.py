@@ -8,6 +8,7 @@ server's reason.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import secrets
 import shutil
@@ -95,17 +96,20 @@ class AdminSession:
             AdminError: The server refused or failed it (its reason), or did not answer.
         """
         try:
-            reply = self.endpoint.cell.request(
+            future = self.endpoint.cell.request_async(
                 self.kit.server.name,
                 protocol.ADMIN_CHANNEL,
                 protocol.TOPIC_COMMAND,
                 {"command": name, **args},
                 timeout_s=timeout_s,
             )
-        except CellError as e:
+            reply = future.result(timeout=timeout_s + 5.0)  # the cell fails it at timeout_s
+        except (CellError, concurrent.futures.TimeoutError) as e:
             raise AdminError(f"{name}: {e}") from e
-        if reply.status is not Status.OK:
+        if reply.status is Status.ERROR:  # the server refused or failed it: its reason is the message
             raise AdminError(reply.reason or f"{name}: refused")
+        if reply.status is not Status.OK:
+            raise AdminError(f"{name}: the server did not answer ({reply.status.value}: {reply.reason})")
         if not reply.frames:
             return None
         return json.loads(bytes(reply.frames[0]))

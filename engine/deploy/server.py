@@ -41,7 +41,7 @@ from engine.deploy import protocol
 from engine.deploy.audit import AuditLog
 from engine.deploy.authz import load_participants
 from engine.deploy.job_process import JobProcess
-from engine.deploy.job_store import JobRecord, JobStore
+from engine.deploy.job_store import JobRecord, JobStore, utc_now
 from engine.deploy.results import take_results
 from engine.deploy.scheduler import Placement, SiteState, place
 from engine.errors import CellError, FlengineError, UsageError
@@ -304,7 +304,7 @@ class ServerDaemon:
             "--port", str(port),
         ]  # fmt: skip
         self.store.update(
-            record.job_id, status=JobState.RUNNING.value, started_at=_now(), sites=list(placement.sites), port=port
+            record.job_id, status=JobState.RUNNING.value, started_at=utc_now(), sites=list(placement.sites), port=port
         )
         self.audit.record("server", "job_start", "ok", job=record.job_id, sites=list(placement.sites), port=port)
         log.info("job started: id=%s name=%s sites=%s port=%d", record.job_id, record.name, placement.sites, port)
@@ -380,7 +380,7 @@ class ServerDaemon:
             self._waiting.pop(job_id, None)
             if job is not None:
                 self._free_ports.append(job.port)  # last in the line: a late client of this job finds nobody
-        self.store.update(job_id, status=state, finished_at=_now(), reason=reason)
+        self.store.update(job_id, status=state, finished_at=utc_now(), reason=reason)
         self.audit.record("server", "job_end", state, job=job_id, reason=reason)
         log.info("job ended: id=%s state=%s reason=%s", job_id, state, reason)
 
@@ -435,10 +435,6 @@ def _read_outcome(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def reply_json(data: Any, status: Status = Status.OK, reason: str = "") -> Reply:
