@@ -106,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_run)
     _add_provision_command(commands)
     _add_deploy_commands(commands)
+    _add_poc_commands(commands)
     return parser
 
 
@@ -163,6 +164,53 @@ def _client_start(args: argparse.Namespace) -> int:
     from engine.deploy.console import run_client
 
     return run_client(args.kit, args.workspace, verbose=args.verbose)
+
+
+def _add_poc_commands(commands: argparse._SubParsersAction) -> None:
+    poc = commands.add_parser(
+        "poc",
+        help="try production mode on this machine: a server, N sites and an admin as local processes",
+        description=(
+            "POC mode: a provisioned project on 127.0.0.1 in one folder (default ./poc): project.conf, "
+            "kits/<name>/, workspaces/<name>/ (daemon.txt is each daemon's output) and run/<name>.pid. "
+            "Then: flengine admin poc/kits/admin submit jobs/fedavg."
+        ),
+    )
+    actions = poc.add_subparsers(title="actions", metavar="ACTION", required=True)
+    helps = {
+        "prepare": "write the project file and the kits: server on 127.0.0.1, site-1..site-N, admin 'admin' "
+        "(again after editing project.conf: existing keys are kept)",
+        "start": "start the server and every site in the background; wait until every site is connected",
+        "status": "which daemons run (pid) and, from the server, which sites are connected; exits 1 unless all are up",
+        "stop": "stop exactly the processes `poc start` started (sites first, then the server); SIGKILL after 20 s",
+    }
+    for action, text in helps.items():
+        parser = actions.add_parser(action, help=text, description=text[:1].upper() + text[1:] + ".")
+        parser.add_argument("-o", "--folder", default=None, metavar="DIR", help="the POC folder (default: ./poc)")
+        parser.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+        if action == "prepare":
+            parser.add_argument(
+                "-n",
+                "--sites",
+                type=int,
+                default=None,
+                metavar="N",
+                help="sites site-1..site-N (default: 2, or as many as project.conf has)",
+            )
+            parser.add_argument(
+                "--port",
+                type=int,
+                default=None,
+                metavar="P",
+                help="the server's port; it takes P..P+10, which must be free (default: 8002, or project.conf's)",
+            )
+        parser.set_defaults(handler=_poc, action=action)
+
+
+def _poc(args: argparse.Namespace) -> int:
+    from engine.deploy.poc.console import run_poc
+
+    return run_poc(args.action, args.folder, args.format, getattr(args, "sites", None), getattr(args, "port", None))
 
 
 def _admin(args: argparse.Namespace) -> int:

@@ -4,9 +4,10 @@ It connects out to the server (and reconnects whenever the server goes away and 
 tells it every few seconds that it is alive and which jobs it runs, and waits for deployments.
 For each job the server deploys, the site's own policy (``policy.conf`` in its kit, which the
 site and not the server controls) decides whether it runs it; a refusal goes back with the
-reason. An accepted job's archive is downloaded, checked against its digest, unpacked safely
-into ``<workspace>/<job id>/job`` and run in a job process of its own (the same runtime the
-simulator uses), which connects to the job's port on the server.
+reason. An accepted job's archive is downloaded, checked against its digest and unpacked safely
+into ``<workspace>/<job id>/job``; once every site of the job accepted it, the server says start
+and the job runs in a job process of its own (the same runtime the simulator uses), which
+connects to the job's port on the server. A job another site refused is dropped unrun.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import shutil
 import threading
 from pathlib import Path
 
-from engine.cells import Message, Reply
+from engine.cells import Message, Reply, Status
 from engine.config import load_job
 from engine.deploy import protocol
 from engine.deploy.archive import archive_digest, unpack_job
@@ -52,6 +53,7 @@ class ClientDaemon:
         self.stopped = threading.Event()
         self._lock = threading.Lock()
         self._jobs: dict[str, JobProcess] = {}
+        self._prepared: dict[str, list[str]] = {}  # job id -> its process's args, until the server says start
         self._endpoint: SiteEndpoint | None = None
         self._status_thread: threading.Thread | None = None
         self._status_sent = False
@@ -66,6 +68,7 @@ class ClientDaemon:
         self._endpoint = endpoint.start()
         cell = endpoint.cell
         cell.register_handler(protocol.SITE_CHANNEL, protocol.TOPIC_DEPLOY, self._on_deploy)
+        cell.register_handler(protocol.SITE_CHANNEL, protocol.TOPIC_START, self._on_start)
         cell.register_handler(protocol.SITE_CHANNEL, protocol.TOPIC_ABORT, self._on_abort)
         cell.register_handler(protocol.SITE_CHANNEL, protocol.TOPIC_SHUTDOWN, self._on_shutdown)
         self._status_thread = threading.Thread(target=self._report_status, name="client-status", daemon=True)
@@ -132,7 +135,7 @@ class ClientDaemon:
         if refusal:
             return self._refuse(job_id, submitter, refusal)
         with self._lock:
-            if job_id in self._jobs:
+            if job_id in self._jobs or job_id in self._prepared:
                 return self._refuse(job_id, submitter, "this job was deployed here already")
         folder = self.workspace / job_id
         try:
@@ -156,11 +159,23 @@ class ClientDaemon:
             "--keys", str(self.kit.keys_dir),
         ]  # fmt: skip
         with self._lock:
-            self._jobs[job_id] = JobProcess(
-                args, folder / "workspace" / self.kit.identity, lambda code: self._ended(job_id, code)
-            )
-        self.audit.record(self.kit.identity, "job_start", "ok", job=job_id, submitter=submitter, org=org)
+            self._prepared[job_id] = args
+        self.audit.record(self.kit.identity, "job_deploy", "accepted", job=job_id, submitter=submitter, org=org)
         return Reply(header={"accepted": True})
+
+    def _on_start(self, message: Message) -> Reply:
+        """Every site accepted the job: start its process here."""
+        if not self._from_server(message):
+            return Reply(status=Status.ERROR, reason="jobs are started by the server only")
+        job_id = str(message.header.get("job_id", ""))
+        with self._lock:
+            args = self._prepared.pop(job_id, None)
+            if args is None:
+                return Reply(status=Status.ERROR, reason=f"no prepared job {job_id!r} here")
+            folder = self.workspace / job_id / "workspace" / self.kit.identity
+            self._jobs[job_id] = JobProcess(args, folder, lambda code: self._ended(job_id, code))
+        self.audit.record(self.kit.identity, "job_start", "ok", job=job_id)
+        return Reply()
 
     def _fetch(self, folder: Path, ref: str, size: int, digest: str) -> Path:
         """Download the job archive, check its digest, unpack it; return the job folder."""
@@ -183,10 +198,14 @@ class ClientDaemon:
         job_id = str(message.header.get("job_id", ""))
         with self._lock:
             process = self._jobs.get(job_id)
+            dropped = self._prepared.pop(job_id, None) is not None
+        if dropped:  # refused by another site: it never ran here, nothing of it stays
+            shutil.rmtree(self.workspace / job_id, ignore_errors=True)
+            self.audit.record(self.kit.identity, "job_drop", "ok", job=job_id)
         if process is not None and process.running:
             log.info("job %s stopped: %s", job_id, str(message.header.get("reason", ""))[:200])
             threading.Thread(target=process.stop, name=f"stop-{job_id}", daemon=True).start()
-        return Reply(header={"stopped": process is not None})
+        return Reply(header={"stopped": process is not None or dropped})
 
     def _on_shutdown(self, message: Message) -> None:
         if self._from_server(message):

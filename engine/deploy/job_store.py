@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import Problem, inspect_job
-from engine.deploy.archive import archive_digest, unpack_job
+from engine.deploy.archive import JobArchiveError, archive_digest, unpack_job
 from engine.errors import ConfigError, FlengineError
 
 logger = logging.getLogger(__name__)
@@ -227,7 +227,10 @@ class JobStore:
             stored = staging / ARCHIVE_FILE
             shutil.copyfile(archive, stored)
             os.chmod(stored, 0o600)
-            folder = unpack_job(stored, staging / JOB_FOLDER)
+            try:
+                folder = unpack_job(stored, staging / JOB_FOLDER)
+            except JobArchiveError as e:  # the submitter sees its archive, not the server's staging path
+                raise JobArchiveError(str(e).replace(str(stored), ARCHIVE_FILE)) from e
             job, problems = inspect_job(folder)
             if job is None:
                 raise ConfigError(_relative(p, folder) for p in problems)

@@ -20,11 +20,16 @@ TOPIC_COMMAND = "command"
 SITE_CHANNEL = "site"
 #: Client -> server, fire and forget, every few seconds: header ``running`` (job ids), ``resources``.
 TOPIC_STATUS = "status"
-#: Server -> client request: run a job. Header: ``job_id``, ``name``, ``submitter``, ``org``,
-#: ``port``, ``ref`` (the job archive offered to the site), ``digest`` (its sha256), ``size``.
-#: Reply header: ``accepted`` (bool) and ``reason`` when not.
+#: Server -> client request: prepare a job (check the site's policy, download, verify and unpack
+#: it; start nothing yet). Header: ``job_id``, ``name``, ``submitter``, ``org``, ``port``, ``ref``
+#: (the job archive offered to the site), ``digest`` (its sha256), ``size``. Reply header:
+#: ``accepted`` (bool) and ``reason`` when not.
 TOPIC_DEPLOY = "deploy"
-#: Server -> client request: stop a job's process now (header ``job_id``, ``reason``).
+#: Server -> client request, once every site of the job accepted it: start the prepared job's
+#: process (header ``job_id``). A job refused by any site is dropped with `TOPIC_ABORT` instead,
+#: so no site runs a byte of a job that does not run everywhere.
+TOPIC_START = "start"
+#: Server -> client request: stop a job's process now, or drop a prepared job (``job_id``, ``reason``).
 TOPIC_ABORT = "abort"
 #: Client -> server, fire and forget: a job process of this site ended (``job_id``, ``code``).
 TOPIC_JOB_ENDED = "job_ended"

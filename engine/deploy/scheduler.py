@@ -23,6 +23,10 @@ from engine.config.job import ALL_SITES
 SERVER = "server"
 
 
+class Impossible(str):
+    """Why a job can never run as submitted (it is refused, not queued): a reason, as a string."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SiteState:
     """A connected site as the scheduler sees it.
@@ -55,10 +59,19 @@ def place(job: Job, connected: Mapping[str, SiteState], known_sites: Sequence[st
         known_sites: Every site of the project (a job naming another one can never run).
 
     Returns:
-        A `Placement`, or the reason the job waits.
+        A `Placement`; the reason the job waits (a str); or, when it can never run as
+        submitted (a resource amount that is not a number, fewer named sites than
+        ``min_clients``), an `Impossible` reason.
     """
     wanted = _named_sites(job)
     everyone = wanted is None
+    spec = job.meta.data.get("resource_spec", {})
+    for site, asked in spec.items():
+        for key, amount in asked.items():
+            if not _is_amount(amount):
+                return Impossible(f"resource_spec {site}.{key} = {amount!r} is not a number >= 0")
+    if not everyone and len(wanted) < job.min_clients:
+        return Impossible(f"deploy_map names {len(wanted)} client sites, fewer than min_clients = {job.min_clients}")
     unknown = [] if everyone else [site for site in wanted if site not in known_sites]
     if unknown:
         return f"deploy_map names sites that are not in the project: {', '.join(unknown)}"
@@ -66,7 +79,6 @@ def place(job: Job, connected: Mapping[str, SiteState], known_sites: Sequence[st
     missing = [site for site in sites if site not in connected]
     if missing:
         return f"waiting for {', '.join(missing)} to connect"
-    spec = job.meta.data.get("resource_spec", {})
     takes: dict[str, dict[str, float]] = {}
     short: list[str] = []
     for site in sites:
@@ -97,8 +109,6 @@ def _named_sites(job: Job) -> list[str] | None:
 
 def _does_not_fit(site: SiteState, asked: Mapping[str, Any]) -> str | None:
     for key, amount in asked.items():
-        if not _is_amount(amount):
-            return f"resource_spec {key} = {amount!r} is not a number"
         declared = site.resources.get(key)
         if not _is_amount(declared):
             return f"it declares no {key}"

@@ -43,7 +43,7 @@ from engine.deploy.authz import load_participants
 from engine.deploy.job_process import JobProcess
 from engine.deploy.job_store import JobRecord, JobStore, utc_now
 from engine.deploy.results import take_results
-from engine.deploy.scheduler import Placement, SiteState, place
+from engine.deploy.scheduler import Impossible, Placement, SiteState, place
 from engine.errors import CellError, FlengineError, UsageError
 from engine.provision import MANIFEST_FILE, Kit, load_kit
 from engine.provision.kit import PARTICIPANTS_FILE
@@ -72,6 +72,7 @@ class RunningJob:
     process: JobProcess | None = None
     aborted_by: str = ""
     ended_sites: set[str] = dataclasses.field(default_factory=set)  # job process ended, results taken
+    finished: threading.Event = dataclasses.field(default_factory=threading.Event)  # its record is final
 
 
 class ServerDaemon:
@@ -265,6 +266,9 @@ class ServerDaemon:
             sites = {name: self._site_state(name) for name in self.connected_sites()}
             known = [name for name, p in self.participants.items() if p.kind == "site"]
             placement = place(job, sites, known)
+            if isinstance(placement, Impossible):
+                self._finish(record.job_id, REJECTED, f"the job can never run as submitted: {placement}")
+                continue
             if isinstance(placement, str):
                 with self._lock:
                     self._waiting[record.job_id] = placement
@@ -286,6 +290,8 @@ class ServerDaemon:
             running = RunningJob(record, placement, port)
             self._running[record.job_id] = running
         accepted, refused = self._deploy(record, placement, port)
+        if not refused:
+            refused = self._start_sites(record.job_id, accepted)
         if refused:
             reason = "; ".join(f"{site}: {why}" for site, why in refused.items())
             self._abort_sites(record.job_id, accepted, "the job was refused by another site")
@@ -355,6 +361,18 @@ class ServerDaemon:
         accepted = [site for site, why in answers if why is None]
         return accepted, {site: why for site, why in answers if why is not None}
 
+    def _start_sites(self, job_id: str, sites: Sequence[str]) -> dict[str, str]:
+        """Tell every site that accepted the job to start it; return the ones that could not."""
+        failed = {}
+        for site in sites:
+            try:
+                self.endpoint.cell.request(
+                    site, protocol.SITE_CHANNEL, protocol.TOPIC_START, {"job_id": job_id}, timeout_s=30.0
+                )
+            except CellError as e:
+                failed[site] = f"could not start the job: {e}"
+        return failed
+
     def _job_exited(self, job_id: str, code: int) -> None:
         with self._lock:
             job = self._running.get(job_id)
@@ -381,6 +399,8 @@ class ServerDaemon:
             if job is not None:
                 self._free_ports.append(job.port)  # last in the line: a late client of this job finds nobody
         self.store.update(job_id, status=state, finished_at=utc_now(), reason=reason)
+        if job is not None:
+            job.finished.set()
         self.audit.record("server", "job_end", state, job=job_id, reason=reason)
         log.info("job ended: id=%s state=%s reason=%s", job_id, state, reason)
 
@@ -396,7 +416,7 @@ class ServerDaemon:
         job.aborted_by = f"aborted by {actor}: {reason}"
         if job.process is not None:
             job.process.stop()
-            job.process.wait(15.0)
+            job.finished.wait(RESULTS_WAIT_S + 15.0)  # its sites stop and hand in what they have
         else:
             self._abort_sites(job_id, list(job.placement.sites), reason)
             self._finish(job_id, JobState.FINISHED_ABORTED.value, job.aborted_by)

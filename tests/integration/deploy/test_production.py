@@ -191,13 +191,15 @@ def test_a_job_submitted_to_a_deployed_project_runs_on_both_sites_and_downloads(
     assert ("alice", "submit", "ok") in actions and ("carol", "download", "refused") in actions
     assert ("server", "job_end", "FINISHED_COMPLETED") in actions
     site_audit = [json.loads(line) for line in (tmp_path / "site-1-workspace" / "audit.log").read_text().splitlines()]
-    assert [e["action"] for e in site_audit if e.get("job") == job_id][:1] == ["job_start"]
+    assert [e["action"] for e in site_audit if e.get("job") == job_id][:2] == ["job_deploy", "job_start"]
 
 
 def test_abort_ends_every_job_process_and_the_server_keeps_its_jobs_over_a_restart(
     deployment: Deployment, tmp_path: Path
 ) -> None:
-    slow = make_bench_job(tmp_path / "slow", num_rounds=200)
+    slow = make_bench_job(
+        tmp_path / "slow", num_rounds=3, script_args="--fault sleep --fault-site site-1 --sleep-s 120"
+    )
     deployment.start("server", "server")
     for site in SITES:
         deployment.start(site, "client")
