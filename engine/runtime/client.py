@@ -196,7 +196,13 @@ class ClientJob:
         while not self.abort_signal.is_set():
             self._task_ready.clear()  # a notice from now on cuts the next wait short
             try:
-                reply = self.cell.request("server", protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, timeout_s=30.0)
+                reply = self.cell.request(
+                    "server",
+                    protocol.TASK_CHANNEL,
+                    protocol.TOPIC_GET_TASK,
+                    {protocol.HEADER_JOB_ID: self.job_id},
+                    timeout_s=30.0,
+                )
             except CellError as e:
                 self._check_not_refused()
                 silent_s = time.monotonic() - last_heard
@@ -269,7 +275,7 @@ class ClientJob:
                 "server",
                 protocol.TASK_CHANNEL,
                 protocol.TOPIC_SUBMIT,
-                header={"task_id": task_id, "task_name": task_name},
+                header={"task_id": task_id, "task_name": task_name, protocol.HEADER_JOB_ID: self.job_id},
                 frames=frames,
                 timeout_s=timeout_s,
             )

@@ -8,6 +8,9 @@ TASK_CHANNEL = "task"
 TOPIC_GET_TASK = "get"
 #: Client -> server: a result (frames: the FOBS Shareable). Header: ``task_id``, ``task_name``.
 TOPIC_SUBMIT = "submit"
+#: Header of every get and submit: the id of the job the client runs. A server refuses a client
+#: of another job (a late process of an earlier job on the same port, say).
+HEADER_JOB_ID = "job_id"
 #: Server -> client, fire and forget: a task that targets it was just scheduled. A waiting
 #: client asks at once instead of at the end of its ``retry_s``.
 TOPIC_TASK_READY = "ready"

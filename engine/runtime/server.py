@@ -225,10 +225,10 @@ class ServerJob:
 
     def _not_a_client(self, message: Message) -> Reply | None:
         """Refuse a cell that is not one of the job's clients (e.g. another cell of an allowed site)."""
-        if message.source in self.clients:
+        if message.source in self.clients and message.header.get(protocol.HEADER_JOB_ID) == self.job_id:
             return None
         log.warning("request refused: %s is not a client of this job topic=%s", message.source, message.topic)
-        reason = f"{message.source} is not a client of this job"
+        reason = f"{message.source} is not a client of this job ({self.job_id})"
         return Reply(header={"outcome": "FAILED", "reason": reason}, status=Status.ERROR, reason=reason)
 
     def _on_get_task(self, message: Message) -> Reply:

@@ -75,7 +75,8 @@ class HandDrivenClient:
 
     def ask(self) -> Message:
         """Ask the server for work once."""
-        return self.cell.request("server", protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, timeout_s=10.0)
+        header = {protocol.HEADER_JOB_ID: "job"}  # the job id the server process runs (entry's default)
+        return self.cell.request("server", protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, header, timeout_s=10.0)
 
     def next_task(self) -> tuple[dict[str, Any], Shareable | None]:
         """Ask until the server hands out a task (header, data) or ends the run (header, None)."""
@@ -91,7 +92,7 @@ class HandDrivenClient:
 
     def submit(self, header: dict[str, Any], result: Shareable) -> str:
         frames = self.codec.encode(result, receivers=["server"])
-        task = {"task_id": header["task_id"], "task_name": header["task_name"]}
+        task = {"task_id": header["task_id"], "task_name": header["task_name"], protocol.HEADER_JOB_ID: "job"}
         reply = self.cell.request("server", protocol.TASK_CHANNEL, protocol.TOPIC_SUBMIT, task, frames, timeout_s=30.0)
         return str(reply.header["outcome"])
 
@@ -114,6 +115,10 @@ def test_a_result_submitted_twice_is_counted_once(tmp_path: Path, keys: dict[str
     try:
         endpoint = wait_endpoint(server)
         clients = [HandDrivenClient(site, endpoint, keys[site]) for site in SITES]
+        # the right site, but a process of another job (a late one on a reused port): refused
+        stale = clients[0].cell.request_async(
+            "server", protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, {protocol.HEADER_JOB_ID: "another-job"}
+        ).result(10.0)
         for client in clients:  # the first workflow starts once every client asked for work
             assert client.ask().header["state"] == protocol.STATE_WAIT
         tasks = [client.next_task() for client in clients]
@@ -128,6 +133,7 @@ def test_a_result_submitted_twice_is_counted_once(tmp_path: Path, keys: dict[str
             client.close()
         code = finish(server)
 
+    assert stale.reason == "site-1 is not a client of this job (job)"
     assert outcomes == ["ACCEPTED", "DUPLICATE", "ACCEPTED"]
     assert [data for _, data in ends] == [None, None]
     assert code == 0
