@@ -2,6 +2,7 @@
 
     python tools/bench.py --size-mb 1024 --clients 2 4 --disk off on [--chunk-mb 2] [--out FILE]
     python tools/bench.py --workflow swarm --size-mb 1024 --clients 3 --disk off on
+    python tools/bench.py --mode sim poc --size-mb 1024 --clients 2 --disk off
 
 For each point of the matrix (workflow x model size x clients x download_to_disk x chunk size)
 it writes a job (BENCHMARK.md: BenchNet, client k adds ``k * 0.001``, weight ``k * 100``, R
@@ -16,6 +17,11 @@ own CPU time is in the record. From the workspace it takes the round times and s
 every parameter of the final global model (the server's; Swarm: site-1's, a result client)
 against ``init + R * D`` (tolerance 1e-6). Prints a markdown table and writes JSON
 (``{"runs": [...]}``, one object per point) to ``--out``.
+
+``--mode poc`` runs the same job in production mode on this machine instead: it provisions a
+project (server on 127.0.0.1, the sites, one admin), starts the server and client daemons as
+processes of their own, submits the job with ``flengine admin``, and samples the job processes
+the daemons start (and the daemons themselves, reported apart), until the job's record is final.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +55,8 @@ PSS_INTERVAL_S = 1.0
 TREE_INTERVAL_S = 0.5
 PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
 MIB = 2**20
+#: Peaks of the daemons (poc mode) are kept under this prefix, apart from the job processes'.
+DAEMON = "daemon:"
 
 
 @dataclass
@@ -60,12 +70,16 @@ class Point:
     rounds: int = 2
     workflow: str = "fedavg"
     insecure: bool = False
+    mode: str = "sim"
 
     @property
     def label(self) -> str:
         disk = "on" if self.download_to_disk else "off"
         security = "insecure" if self.insecure else "curve"
-        return f"{self.workflow} {self.size_mb}MiB x{self.clients} disk={disk} chunk={self.chunk_mb:g}MiB {security}"
+        return (
+            f"{self.mode} {self.workflow} {self.size_mb}MiB x{self.clients} disk={disk} "
+            f"chunk={self.chunk_mb:g}MiB {security}"
+        )
 
 
 @dataclass
@@ -78,12 +92,14 @@ class Peaks:
     download_dir_mb: float = 0.0
     samples: int = 0
     sampler_cpu_s: float = 0.0
+    daemons: dict[int, str] = field(default_factory=dict)  # poc: daemon pid -> its name
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     points = [
-        Point(size, clients, disk == "on", chunk, args.rounds, workflow, security == "insecure")
+        Point(size, clients, disk == "on", chunk, args.rounds, workflow, security == "insecure", mode)
+        for mode in args.mode
         for security in args.security
         for workflow in args.workflow
         for size in args.size_mb
@@ -94,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for point in points:
         print(f"running {point.label} ...", flush=True)
-        record = run_point(point, keep=args.keep)
+        record = run_poc_point(point, keep=args.keep) if point.mode == "poc" else run_point(point, keep=args.keep)
         runs.append(record)
         print(_row(record), flush=True)
         if args.out:
@@ -114,7 +130,8 @@ def run_point(point: Point, keep: bool = False) -> dict[str, Any]:
         started = time.monotonic()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         peaks = Peaks()
-        sampler = threading.Thread(target=_sample, args=(process.pid, workspace, peaks))
+        downloads = lambda: list(workspace.glob("*/downloads"))  # noqa: E731
+        sampler = threading.Thread(target=_sample, args=([process.pid], downloads, peaks))
         sampler.start()
         output, _ = process.communicate()
         seconds = time.monotonic() - started
@@ -122,28 +139,143 @@ def run_point(point: Point, keep: bool = False) -> dict[str, Any]:
         summary = json.loads((workspace / "summary.json").read_text(encoding="utf-8"))
         holder = "site-1" if point.workflow == "swarm" else "server"
         correct, worst = check_model(workspace / holder / "models" / "global.safetensors", point)
-        return {
-            **asdict(point),
-            "status": summary["status"],
-            "reason": summary.get("reason", ""),
-            "seconds": round(seconds, 2),
-            "round_s": [r["time_s"] for r in summary["rounds"]],
-            "server_peak_rss_mb": round(peaks.rss_mb.get("server", 0.0), 1),
-            "server_peak_pss_mb": round(peaks.pss_mb.get("server", 0.0), 1),
-            "client_peak_rss_mb": round(max((v for k, v in peaks.rss_mb.items() if k != "server"), default=0.0), 1),
-            "client_peak_pss_mb": round(max((v for k, v in peaks.pss_mb.items() if k != "server"), default=0.0), 1),
-            "tree_peak_rss_mb": round(peaks.tree_rss_mb, 1),
-            "download_dir_peak_mb": round(peaks.download_dir_mb, 1),
-            "self_reported_peak_rss_mb": {s: p.get("peak_rss_mb") for s, p in summary["processes"].items()},
-            "samples": peaks.samples,
-            "sampler_cpu_s": round(peaks.sampler_cpu_s, 2),
-            "correct": correct,
-            "max_abs_error": worst,
-            "output_tail": output.splitlines()[-3:] if summary["status"] != "FINISHED_COMPLETED" else [],
-        }
+        record = _record(point, summary["status"], summary.get("reason", ""), seconds, summary["rounds"], peaks)
+        record["self_reported_peak_rss_mb"] = {s: p.get("peak_rss_mb") for s, p in summary["processes"].items()}
+        record["output_tail"] = output.splitlines()[-3:] if summary["status"] != "FINISHED_COMPLETED" else []
+        return {**record, "correct": correct, "max_abs_error": worst}
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _record(
+    point: Point, status: str, reason: str, seconds: float, rounds: list[dict[str, Any]], peaks: Peaks
+) -> dict[str, Any]:
+    jobs = {site: mb for site, mb in peaks.rss_mb.items() if not site.startswith(DAEMON)}
+    jobs_pss = {site: mb for site, mb in peaks.pss_mb.items() if not site.startswith(DAEMON)}
+    daemons = {site[len(DAEMON) :]: round(mb, 1) for site, mb in peaks.rss_mb.items() if site.startswith(DAEMON)}
+    return {
+        **asdict(point),
+        "status": status,
+        "reason": reason,
+        "seconds": round(seconds, 2),
+        "round_s": [r["time_s"] for r in rounds],
+        "server_peak_rss_mb": round(jobs.get("server", 0.0), 1),
+        "server_peak_pss_mb": round(jobs_pss.get("server", 0.0), 1),
+        "client_peak_rss_mb": round(max((v for k, v in jobs.items() if k != "server"), default=0.0), 1),
+        "client_peak_pss_mb": round(max((v for k, v in jobs_pss.items() if k != "server"), default=0.0), 1),
+        "tree_peak_rss_mb": round(peaks.tree_rss_mb, 1),
+        "download_dir_peak_mb": round(peaks.download_dir_mb, 1),
+        "daemon_peak_rss_mb": daemons,
+        "samples": peaks.samples,
+        "sampler_cpu_s": round(peaks.sampler_cpu_s, 2),
+    }
+
+
+def run_poc_point(point: Point, keep: bool = False) -> dict[str, Any]:
+    """The job in production mode on this machine: provision, start the daemons, submit, sample."""
+    from engine.provision import load_project, provision
+
+    root = Path(tempfile.mkdtemp(prefix="flengine-bench-poc-"))
+    daemons: list[subprocess.Popen[str]] = []
+    try:
+        job = write_job(root / "job", point)
+        sites = [f"site-{k}" for k in range(1, point.clients + 1)]
+        port = _free_port_block(11)
+        listed = ", ".join(f"{{ name = {site}, org = org-{site} }}" for site in sites)
+        project = root / "project.conf"
+        project.write_text(
+            f"name = bench\nserver {{ host = 127.0.0.1, port = {port}, org = lab }}\nsites = [ {listed} ]\n"
+            "admins = [ { name = admin, org = lab, role = project_admin } ]\n",
+            encoding="utf-8",
+        )
+        provision(load_project(project), root / "kits")
+        for name, role in [("server", "server"), *((site, "client") for site in sites)]:
+            daemons.append(_start_daemon(root, name, role))
+        peaks = Peaks()
+        stop = threading.Event()
+
+        def downloads() -> list[Path]:
+            return [
+                *root.glob("server-ws/jobs/*/workspace/*/downloads"),
+                *root.glob("site-*-ws/*/workspace/*/downloads"),
+            ]
+
+        for process, name in zip(daemons, ["server", *sites], strict=True):
+            peaks.daemons[process.pid] = name
+        sampler = threading.Thread(target=_sample, args=([p.pid for p in daemons], downloads, peaks, stop))
+        sampler.start()
+        _wait_connected(root, sites)
+        started = time.monotonic()
+        job_id = _admin(root, "submit", str(job))["job_id"]
+        record = _admin(root, "status", job_id)
+        while not record["status"].startswith("FINISHED"):
+            time.sleep(0.5)
+            record = _admin(root, "status", job_id)
+        seconds = time.monotonic() - started
+        stop.set()
+        sampler.join()
+        workspace = root / "server-ws" / "jobs" / job_id / "workspace"
+        outcome = json.loads((workspace / "server" / "result.json").read_text(encoding="utf-8"))
+        holder = "site-1" if point.workflow == "swarm" else "server"
+        correct, worst = check_model(workspace / holder / "models" / "global.safetensors", point)
+        result = _record(point, record["status"], record.get("reason", ""), seconds, outcome["rounds"], peaks)
+        return {**result, "correct": correct, "max_abs_error": worst}
+    finally:
+        for process in reversed(daemons):
+            process.terminate()
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _start_daemon(root: Path, name: str, role: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "engine", role, "start", str(root / "kits" / name), "--workspace"]
+    process = subprocess.Popen(
+        [*command, str(root / f"{name}-ws")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    line = process.stdout.readline() if process.stdout else ""
+    if "started" not in line:
+        raise RuntimeError(f"{name} did not start: {line}")
+    return process
+
+
+def _admin(root: Path, *args: str) -> Any:
+    command = [sys.executable, "-m", "engine", "admin", str(root / "kits" / "admin"), *args, "--format", "json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"flengine admin {' '.join(args)}: {done.stderr.strip()}")
+    return json.loads(done.stdout)
+
+
+def _wait_connected(root: Path, sites: list[str], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(entry["connected"] for entry in _admin(root, "clients") if entry["site"] in sites):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"sites not connected within {timeout_s:g} s")
+
+
+def _free_port_block(count: int) -> int:
+    """A port p such that p .. p + count - 1 are free on 127.0.0.1 now."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65000:
+            continue
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free block of ports")
 
 
 def write_job(folder: Path, point: Point) -> Path:
@@ -218,16 +350,21 @@ def check_model(path: Path, point: Point) -> tuple[bool, float]:
     return worst <= 1e-6, worst
 
 
-def _sample(root_pid: int, workspace: Path, peaks: Peaks) -> None:
-    """Sample the process tree under ``root_pid`` every 50 ms until it is gone (PSS every second)."""
+def _sample(
+    roots: list[int], downloads: Callable[[], list[Path]], peaks: Peaks, stop: threading.Event | None = None
+) -> None:
+    """Sample the process trees under ``roots`` every 50 ms (PSS every second) until they are gone or ``stop``."""
     cpu_started = time.thread_time()
     sites_of: dict[int, str] = {}
     next_tree_s = next_pss_s = 0.0
-    while _exists(root_pid):
+    while any(_exists(pid) for pid in roots) and not (stop is not None and stop.is_set()):
         started = time.monotonic()
         if started >= next_tree_s:
-            tree = _tree(root_pid)
-            sites_of = {pid: site for pid in tree if (site := _site_of(pid, tree)) is not None}
+            sites_of = {}
+            for root_pid in roots:
+                tree = _tree(root_pid)
+                sites_of |= {pid: site for pid in tree if (site := _site_of(pid, tree)) is not None}
+            sites_of |= {pid: f"{DAEMON}{name}" for pid, name in peaks.daemons.items()}
             next_tree_s = started + TREE_INTERVAL_S
         with_pss = started >= next_pss_s
         if with_pss:
@@ -243,7 +380,7 @@ def _sample(root_pid: int, workspace: Path, peaks: Peaks) -> None:
         for site, pss in pss_sums.items():
             peaks.pss_mb[site] = max(peaks.pss_mb.get(site, 0.0), pss)
         peaks.tree_rss_mb = max(peaks.tree_rss_mb, sum(rss_sums.values()))
-        on_disk = sum(_folder_mb(folder) for folder in workspace.glob("*/downloads"))
+        on_disk = sum(_folder_mb(folder) for folder in downloads())
         peaks.download_dir_mb = max(peaks.download_dir_mb, on_disk)
         peaks.samples += 1
         time.sleep(max(0.0, started + SAMPLE_INTERVAL_S - time.monotonic()))
@@ -321,14 +458,14 @@ def _exists(pid: int) -> bool:
 
 
 HEADER = (
-    "| workflow | security | model | clients | download_to_disk | chunk | server peak RSS | client peak RSS "
+    "| mode | workflow | security | model | clients | download_to_disk | chunk | server peak RSS | client peak RSS "
     "| tree peak RSS | disk peak | rounds (s) | whole run | correct |"
 )
 
 
 def markdown_table(runs: list[dict[str, Any]]) -> list[str]:
     """The runs as a markdown table (sizes in MB = 10^6 bytes, as BENCHMARK.md's figures)."""
-    lines = [HEADER, "|" + "---|" * 13]
+    lines = [HEADER, "|" + "---|" * 14]
     lines.extend(_row(run) for run in runs)
     return lines
 
@@ -340,7 +477,8 @@ def _row(run: dict[str, Any]) -> str:
     rounds = " / ".join(f"{s:.1f}" for s in run["round_s"]) or "-"
     status = "yes" if run["correct"] else f"NO ({run['status']}, max error {run['max_abs_error']:.2e})"
     return (
-        f"| {run.get('workflow', 'fedavg')} | {'insecure' if run.get('insecure') else 'CURVE'} "
+        f"| {run.get('mode', 'sim')} | {run.get('workflow', 'fedavg')} "
+        f"| {'insecure' if run.get('insecure') else 'CURVE'} "
         f"| {run['size_mb']} MiB | {run['clients']} "
         f"| {'on' if run['download_to_disk'] else 'off'} "
         f"| {run['chunk_mb']:g} MiB | {gb(run['server_peak_rss_mb'])} | {gb(run['client_peak_rss_mb'])} "
@@ -362,6 +500,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--security", choices=["curve", "insecure"], nargs="+", default=["curve"],
         help="CURVE (default, as every job) or plain TCP (cell.insecure = true), to compare",
+    )  # fmt: skip
+    parser.add_argument(
+        "--mode", choices=["sim", "poc"], nargs="+", default=["sim"],
+        help="sim: flengine run (default); poc: production mode on this machine (daemons, flengine admin submit)",
     )  # fmt: skip
     parser.add_argument("--out", help="write the JSON here (rewritten after every run)")
     parser.add_argument("--keep", action="store_true", help="keep each run's job and workspace")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -109,6 +109,13 @@ class Allowlist:
         with self._lock:
             self._by_raw_key = table
             self._identities = frozenset(table.values())
+
+    def keep_only(self, identities: Collection[str]) -> None:
+        """Drop every identity not in ``identities`` (a job's server cell keeps only the job's sites)."""
+        wanted = set(identities)
+        with self._lock:
+            self._by_raw_key = {raw: name for raw, name in self._by_raw_key.items() if name in wanted}
+            self._identities = frozenset(self._by_raw_key.values())
 
     def identity_of_raw(self, raw_key: bytes) -> str | None:
         """The identity of a 32-byte public key, or None when the key is not on the list."""

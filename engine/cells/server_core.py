@@ -226,7 +226,7 @@ class ServerCore(CellCore):
         if peer is None:
             return self._undeliverable(envelope, f"{self.fqcn}: no cell named {envelope.target!r} is connected", now_s)
         if envelope.kind is Kind.REQUEST:
-            self._relay.add(
+            remembered = self._relay.add(
                 envelope.source,
                 envelope.msg_id,
                 envelope.target,
@@ -235,6 +235,10 @@ class ServerCore(CellCore):
                 now_s,
                 envelope.timeout_ms / 1000,
             )
+            if not remembered:
+                self.count("relay_full")
+                why = f"{self.fqcn}: too many requests of {envelope.source.split('.', 1)[0]} are waiting for replies"
+                return self._refuse(envelope, why, now_s)
         elif envelope.kind is Kind.REPLY and envelope.reply_to is not None:
             self._relay.complete(envelope.target, envelope.reply_to, replier=envelope.source)
         return [Send(peer.routing_id, frames, envelope, relayed=True)]

@@ -12,6 +12,7 @@ connects to the job's port on the server. A job another site refused is dropped 
 
 from __future__ import annotations
 
+import collections
 import logging
 import shutil
 import threading
@@ -22,6 +23,7 @@ from engine.config import load_job
 from engine.deploy import protocol
 from engine.deploy.archive import archive_digest, unpack_job
 from engine.deploy.audit import AuditLog
+from engine.deploy.folders import private_folder
 from engine.deploy.job_process import JobProcess
 from engine.deploy.results import offer_results
 from engine.errors import CellError, FlengineError, UsageError
@@ -47,20 +49,20 @@ class ClientDaemon:
         if kit.participant.kind != "site":
             raise UsageError(f"{kit.folder}: the kit of {kit.identity!r} is a {kit.participant.kind} kit, not a site's")
         self.kit = kit
-        self.workspace = Path(workspace).resolve()
+        self.workspace = private_folder(Path(workspace).resolve())
         self.policy: SitePolicy = load_site_policy(kit.folder / POLICY_FILE)
         self.audit = AuditLog(self.workspace / "audit.log")
         self.stopped = threading.Event()
         self._lock = threading.Lock()
         self._jobs: dict[str, JobProcess] = {}
         self._prepared: dict[str, list[str]] = {}  # job id -> its process's args, until the server says start
+        self._aborted: collections.deque[str] = collections.deque(maxlen=1024)  # aborted before they arrived
         self._endpoint: SiteEndpoint | None = None
         self._status_thread: threading.Thread | None = None
         self._status_sent = False
 
     def start(self) -> ClientDaemon:
         """Open the cell (it connects and reconnects by itself) and start reporting status."""
-        self.workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
         settings = SiteSettings(self.kit.identity, self.kit.cell_settings(), self.kit.keys_dir)
         endpoint = SiteEndpoint.for_site(
             settings, {}, connect_to=self.kit.server.connect_address, workspace=self.workspace
@@ -159,7 +161,12 @@ class ClientDaemon:
             "--keys", str(self.kit.keys_dir),
         ]  # fmt: skip
         with self._lock:
-            self._prepared[job_id] = args
+            aborted = job_id in self._aborted  # the server gave up on it while it downloaded
+            if not aborted:
+                self._prepared[job_id] = args
+        if aborted:
+            shutil.rmtree(folder, ignore_errors=True)
+            return self._refuse(job_id, submitter, "the job was aborted while it was prepared")
         self.audit.record(self.kit.identity, "job_deploy", "accepted", job=job_id, submitter=submitter, org=org)
         return Reply(header={"accepted": True})
 
@@ -199,6 +206,8 @@ class ClientDaemon:
         with self._lock:
             process = self._jobs.get(job_id)
             dropped = self._prepared.pop(job_id, None) is not None
+            if process is None and not dropped:  # a deployment may still be on its way: it must not start
+                self._aborted.append(job_id)
         if dropped:  # refused by another site: it never ran here, nothing of it stays
             shutil.rmtree(self.workspace / job_id, ignore_errors=True)
             self.audit.record(self.kit.identity, "job_drop", "ok", job=job_id)

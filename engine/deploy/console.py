@@ -4,6 +4,8 @@
 admin's ``shutdown``); their log goes to ``<workspace>/log.txt`` and one line per start and stop
 to stdout. ``admin`` runs one command and prints its answer, as text or (``--format json``) as
 one JSON document; it exits 0 when the command succeeded and 1 when the server refused it.
+Text from peers (log lines of sites, job names, reasons) is printed with its control characters
+escaped (`printable`), so a site cannot send escape sequences to the admin's terminal.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from engine.deploy.folders import private_folder
 from engine.provision import Kit, load_kit
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,7 @@ def _serve(daemon: Any, what: str, folder: Path) -> int:
 def _log_to(folder: Path, verbose: bool) -> None:
     from engine.runtime.process import log_to_file
 
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_folder(folder)
     log_to_file(folder, verbose)
 
 
@@ -85,7 +88,7 @@ def run_admin(kit_folder: str, command: str, args: list[str], output: str | None
             if not 1 <= len(args) <= 2:
                 raise _usage(f"flengine admin KIT logs JOB_ID [SITE]: expected 1 or 2 arguments, got {len(args)}")
             answer = session.command(command, job_id=args[0], site=args[1] if len(args) == 2 else "")
-        elif command in ("status", "abort"):
+        elif command in ("status", "abort", "delete"):
             answer = session.command(command, job_id=_one(command, args, "JOB_ID"))
         elif command in ("list", "clients"):
             _none(command, args)
@@ -118,32 +121,53 @@ def _usage(message: str) -> Exception:
     return UsageError(message)
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on written as an escape (``\\x1b``, ``\\u202e``).
+
+    Control characters (ESC, CR, newline...), format characters (bidirectional overrides) and
+    other unprintable ones are escaped; tabs and everything printable stay.
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == "\t" else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _say(text: str) -> None:
+    """Print one line of the answer, peer text made `printable`."""
+    print(printable(text), file=sys.stdout)
+
+
 def _print_text(command: str, answer: Any) -> None:
-    out = sys.stdout
     if command == "submit":
-        print(f"submitted: {answer['job_id']} ({answer['name']})", file=out)
+        _say(f"submitted: {answer['job_id']} ({answer['name']})")
     elif command == "list":
         if not answer:
-            print("no jobs", file=out)
+            _say("no jobs")
         for job in answer:
-            print(
-                f"{job['job_id']}  {job['status']:<28} {job['name']:<16} {job['submitter']:<12} {job['submitted_at']}"
-            )
+            _say(f"{job['job_id']}  {job['status']:<28} {job['name']:<16} {job['submitter']:<12} {job['submitted_at']}")
     elif command in ("status", "abort"):
         for key in ("job_id", "name", "status", "submitter", "submitter_org", "sites", "port", "submitted_at",
                     "started_at", "finished_at", "reason", "waiting"):  # fmt: skip
             if answer.get(key) not in (None, "", []):
-                print(f"{key:<14} {answer[key]}", file=out)
+                _say(f"{key:<14} {answer[key]}")
+    elif command == "delete":
+        _say(f"deleted: {answer['job_id']}")
     elif command == "logs":
-        print("\n".join(answer["lines"]), file=out)
+        for line in answer["lines"]:  # one line each: a newline inside a line is escaped
+            _say(line)
     elif command == "clients":
         for site in answer:
             state = (
                 f"connected, last status {site['last_status_s']:.1f} s ago" if site["connected"] else "not connected"
             )
             jobs = ", ".join(site["jobs"]) or "no jobs"
-            print(f"{site['site']:<12} {site['org']:<16} {state}; {jobs}", file=out)
+            _say(f"{site['site']:<12} {site['org']:<16} {state}; {jobs}")
     elif command == "download":
-        print(f"downloaded to {answer['folder']}", file=out)
+        _say(f"downloaded to {answer['folder']}")
     else:
-        print(json.dumps(answer, default=str), file=out)
+        print(json.dumps(answer, default=str), file=sys.stdout)  # JSON escapes control characters itself

@@ -59,7 +59,7 @@ class JobProcess:
         if not self.running:
             return
         try:
-            os.kill(self.pid, signal.SIGTERM)
+            self._process.send_signal(signal.SIGTERM)  # a no-op once reaped: never a reused pid
             self._process.wait(grace_s)
         except subprocess.TimeoutExpired:
             log.warning("job process did not stop within %g s, killed: pid=%d", grace_s, self.pid)
@@ -76,8 +76,12 @@ class JobProcess:
             return None
 
     def _watch(self) -> None:
-        code = self._process.wait()
+        try:  # wait for the end without reaping, so the group is killed while its id is still ours
+            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass
         _kill_group(self.pid)  # a training script it started must not outlive it
+        code = self._process.wait()
         log.info("job process ended: pid=%d code=%d", self.pid, code)
         try:
             self._on_exit(code)

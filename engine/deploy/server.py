@@ -40,6 +40,7 @@ from engine.config import load_job
 from engine.deploy import protocol
 from engine.deploy.audit import AuditLog
 from engine.deploy.authz import load_participants
+from engine.deploy.folders import private_folder
 from engine.deploy.job_process import JobProcess
 from engine.deploy.job_store import JobRecord, JobStore, utc_now
 from engine.deploy.results import take_results
@@ -91,7 +92,7 @@ class ServerDaemon:
                 f"{kit.folder}: the kit of {kit.identity!r} is a {kit.participant.kind} kit, not the server's"
             )
         self.kit = kit
-        self.workspace = Path(workspace).resolve()
+        self.workspace = private_folder(Path(workspace).resolve())
         first = kit.server.port + 1
         self._free_ports = collections.deque(job_ports or range(first, first + protocol.DEFAULT_JOB_PORTS))
         self.participants = load_participants(kit.folder / PARTICIPANTS_FILE)
@@ -105,6 +106,7 @@ class ServerDaemon:
         self._endpoint: SiteEndpoint | None = None
         self._threads: list[threading.Thread] = []
         self._kit_stamp = _stamp(kit.folder / MANIFEST_FILE)
+        self._kit_failed: tuple[int, int, int] | None = None
 
     # ----------------------------------------------------------------- life
 
@@ -112,7 +114,6 @@ class ServerDaemon:
         """Recover the job store, open the cell, start the scheduler."""
         from engine.deploy.commands import AdminCommands  # the commands use this daemon
 
-        self.workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
         for record in self.store.recover():
             self.audit.record("server", "job_end", record.status, job=record.job_id, reason=record.reason)
         settings = SiteSettings(self.kit.identity, self.kit.cell_settings(), self.kit.keys_dir)
@@ -123,6 +124,7 @@ class ServerDaemon:
         cell.register_handler(protocol.SITE_CHANNEL, protocol.TOPIC_STATUS, self._on_site_status)
         cell.register_handler(protocol.SITE_CHANNEL, protocol.TOPIC_JOB_ENDED, self._on_job_ended)
         self._spawn(self._schedule_loop, "scheduler")
+        self._spawn(self._reload_loop, "reload")
         self.audit.record("server", "start", "ok", endpoint=cell.endpoint)
         log.info("server started: project=%s endpoint=%s workspace=%s", self.kit.project, cell.endpoint, self.workspace)
         return self
@@ -221,25 +223,33 @@ class ServerDaemon:
     def _schedule_loop(self) -> None:
         while not self.stopped.wait(SCHEDULE_INTERVAL_S):
             try:
-                self.reload_kit_if_changed()
                 self._schedule_once()
             except Exception:
                 log.exception("scheduler error")
+
+    def _reload_loop(self) -> None:
+        while not self.stopped.wait(SCHEDULE_INTERVAL_S):
+            try:
+                self.reload_kit_if_changed()
+            except Exception:
+                log.exception("kit reload error")
 
     def reload_kit_if_changed(self) -> bool:
         """Load the allowlist and participants again when the kit's manifest changed; True if reloaded."""
         stamp = _stamp(self.kit.folder / MANIFEST_FILE)
         if stamp == self._kit_stamp:
             return False
-        self._kit_stamp = stamp
         try:
             kit = load_kit(self.kit.folder)
             participants = load_participants(kit.folder / PARTICIPANTS_FILE)
             allowlist = load_allowlist(kit.keys_dir / ALLOWLIST_FOLDER)
-        except FlengineError as e:
-            log.error("the server kit changed but cannot be loaded; the old allowlist stays: %s", e)
-            self.audit.record("server", "reload", "failed", reason=str(e))
+        except FlengineError as e:  # maybe half copied: tried again at the next look, until it loads
+            if stamp != self._kit_failed:
+                log.error("the server kit changed but cannot be loaded; the old allowlist stays: %s", e)
+                self.audit.record("server", "reload", "failed", reason=str(e))
+                self._kit_failed = stamp
             return False
+        self._kit_stamp = stamp
         current = self.endpoint.cell.allowlist
         assert current is not None  # a server cell of a kit always has one
         before = set(current.identities())
@@ -285,17 +295,33 @@ class ServerDaemon:
 
     def _start_job(self, record: JobRecord, placement: Placement) -> None:
         with self._lock:
+            if record.job_id in self._running or self.store.get(record.job_id).status != JobState.SUBMITTED.value:
+                return  # aborted meanwhile (abort_job takes the same lock)
             port = self._free_ports.popleft()
             self._waiting.pop(record.job_id, None)
             running = RunningJob(record, placement, port)
             self._running[record.job_id] = running
+        try:
+            self._launch(running)
+        except Exception as e:  # a full disk, say: the job ends, its port and resources come back
+            log.exception("job %s could not be started", record.job_id)
+            self._abort_sites(record.job_id, list(placement.sites), "the server could not start the job")
+            self._finish(record.job_id, JobState.FINISHED_EXECUTION_EXCEPTION.value, f"could not start: {e}")
+
+    def _launch(self, running: RunningJob) -> None:
+        """Deploy to the sites, start them, start the server's job process; stop at an abort."""
+        record, placement, port = running.record, running.placement, running.port
         accepted, refused = self._deploy(record, placement, port)
-        if not refused:
+        if not refused and not running.aborted_by:
             refused = self._start_sites(record.job_id, accepted)
-        if refused:
-            reason = "; ".join(f"{site}: {why}" for site, why in refused.items())
-            self._abort_sites(record.job_id, accepted, "the job was refused by another site")
-            self._finish(record.job_id, REJECTED, f"refused by sites: {reason}")
+        if running.aborted_by or refused:
+            why = "the job was aborted" if running.aborted_by else "the job was refused by another site"
+            self._abort_sites(record.job_id, accepted, why)
+            if running.aborted_by:
+                self._finish(record.job_id, JobState.FINISHED_ABORTED.value, running.aborted_by)
+            else:
+                reason = "; ".join(f"{site}: {why}" for site, why in refused.items())
+                self._finish(record.job_id, REJECTED, f"refused by sites: {reason}")
             return
         workspace = self.store.workspace(record.job_id)
         args = [
@@ -314,13 +340,15 @@ class ServerDaemon:
         )
         self.audit.record("server", "job_start", "ok", job=record.job_id, sites=list(placement.sites), port=port)
         log.info("job started: id=%s name=%s sites=%s port=%d", record.job_id, record.name, placement.sites, port)
-        try:
-            running.process = JobProcess(
-                args, workspace / self.kit.identity, lambda code: self._job_exited(record.job_id, code)
-            )
-        except OSError as e:
-            self._abort_sites(record.job_id, accepted, "the server could not start the job")
-            self._finish(record.job_id, JobState.FINISHED_EXECUTION_EXCEPTION.value, f"server job process: {e}")
+        with self._lock:  # an abort before this line is seen here, one after it stops the process
+            aborted = running.aborted_by
+            if not aborted:
+                running.process = JobProcess(
+                    args, workspace / self.kit.identity, lambda code: self._job_exited(record.job_id, code)
+                )
+        if aborted:
+            self._abort_sites(record.job_id, accepted, "the job was aborted")
+            self._finish(record.job_id, JobState.FINISHED_ABORTED.value, aborted)
 
     def _deploy(self, record: JobRecord, placement: Placement, port: int) -> tuple[list[str], dict[str, str]]:
         """Offer the job to its sites; return who accepted and why the others refused."""
@@ -405,21 +433,26 @@ class ServerDaemon:
         log.info("job ended: id=%s state=%s reason=%s", job_id, state, reason)
 
     def abort_job(self, job_id: str, actor: str, reason: str) -> JobRecord:
-        """Stop a queued or running job; the record says who aborted it and why."""
+        """Stop a queued or running job; the record says who aborted it and why.
+
+        A job being deployed is only marked: the scheduler stops it between its steps.
+        """
+        aborted_by = f"aborted by {actor}: {reason}"
         with self._lock:
             job = self._running.get(job_id)
-        if job is None:
-            record = self.store.get(job_id)
-            if record.status == JobState.SUBMITTED.value:
-                self._finish(job_id, JobState.FINISHED_ABORTED.value, f"aborted by {actor}: {reason}")
-            return self.store.get(job_id)
-        job.aborted_by = f"aborted by {actor}: {reason}"
-        if job.process is not None:
-            job.process.stop()
-            job.finished.wait(RESULTS_WAIT_S + 15.0)  # its sites stop and hand in what they have
-        else:
-            self._abort_sites(job_id, list(job.placement.sites), reason)
-            self._finish(job_id, JobState.FINISHED_ABORTED.value, job.aborted_by)
+            if job is None:
+                if self.store.get(job_id).status == JobState.SUBMITTED.value:
+                    self.store.update(
+                        job_id, status=JobState.FINISHED_ABORTED.value, finished_at=utc_now(), reason=aborted_by
+                    )
+                    self._waiting.pop(job_id, None)
+                    self.audit.record("server", "job_end", JobState.FINISHED_ABORTED.value, job=job_id)
+                return self.store.get(job_id)
+            job.aborted_by = aborted_by
+            process = job.process
+        if process is not None:
+            process.stop()
+        job.finished.wait(RESULTS_WAIT_S + protocol.DEPLOY_TIMEOUT_S)  # its sites stop and hand in what they have
         return self.store.get(job_id)
 
     def _abort_sites(self, job_id: str, sites: Sequence[str], reason: str) -> None:

@@ -36,6 +36,8 @@ KEYS_FOLDER = "keys"
 START_SCRIPT = "start.sh"
 PARTICIPANTS_FILE = "participants.json"
 KIT_FORMAT_VERSION = 1
+#: Largest message a daemon's or admin session's cell takes (job processes keep their job's limit).
+DAEMON_MAX_MESSAGE_BYTES = 16 << 20
 _MAX_KIT_FILE_BYTES = 1 << 20
 
 #: The command each kind of participant starts, after ``flengine``; the kit folder follows.
@@ -84,10 +86,14 @@ class Kit:
         return self.folder / KEYS_FOLDER
 
     def cell_settings(self) -> CellSettings:
-        """The cell's address: the server binds ``bind_host:port``; a client's comes from ``server``."""
+        """The daemon's or admin session's cell: the server binds ``bind_host:port``; a client's
+        address comes from ``server``. Their messages are commands, status and 1 MiB chunks of
+        job archives, so a message over `DAEMON_MAX_MESSAGE_BYTES` is refused on receipt."""
         if self.participant.kind == "server":
-            return CellSettings(host=self.server.bind_host, port=self.server.port)
-        return CellSettings()
+            return CellSettings(
+                host=self.server.bind_host, port=self.server.port, max_message_size_bytes=DAEMON_MAX_MESSAGE_BYTES
+            )
+        return CellSettings(max_message_size_bytes=DAEMON_MAX_MESSAGE_BYTES)
 
     def cell_security(self) -> CellSecurity:
         """Load the CURVE keys of the kit owner's cell (its allowlist for the server)."""

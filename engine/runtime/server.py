@@ -120,7 +120,11 @@ class ServerJob:
 
         settings = streaming_settings(config)
         configure_tensor_pool(config)
-        self.endpoint = SiteEndpoint.for_site(self.site, settings, workspace=self.workspace).start()
+        self.endpoint = SiteEndpoint.for_site(self.site, settings, workspace=self.workspace)
+        allowlist = self.endpoint.cell.allowlist
+        if allowlist is not None:  # the job's port lets in the job's own sites only
+            allowlist.keep_only({client.split(".", 1)[0] for client in self.clients})
+        self.endpoint.start()
         self.cell = self.endpoint.cell
         self.codec = self.endpoint.codec
         self.queue = TaskQueue(self.clients)

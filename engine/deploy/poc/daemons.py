@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.deploy.folders import private_folder
 from engine.deploy.pidfile import ProcessHandle, ProcessRecord, read_pid_file, write_pid_file
 from engine.deploy.poc.folder import (
     Daemon,
@@ -69,7 +70,7 @@ def start(folder: Path) -> PocReport:
     for daemon in to_start:
         load_kit(poc.kit(daemon.name))  # a tampered kit stops everything before anything starts
         poc.pid_file(daemon.name).unlink(missing_ok=True)
-    poc.run.mkdir(exist_ok=True, mode=0o700)
+    private_folder(poc.run)
     started: list[_Started] = []
     try:
         server = next((d for d in to_start if d.kind == "server"), None)
@@ -98,7 +99,7 @@ class _Started:
 
 def _spawn(poc: PocFolder, daemon: Daemon) -> _Started:
     workspace = poc.workspace(daemon.name).resolve()
-    workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_folder(workspace)
     role = "server" if daemon.kind == "server" else "client"
     command = [sys.executable, "-m", "engine", role, "start", str(poc.kit(daemon.name).resolve())]
     command += ["--workspace", str(workspace)]

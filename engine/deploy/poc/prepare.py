@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.deploy import protocol
+from engine.deploy.folders import private_folder
 from engine.deploy.poc.folder import ADMIN_NAME, HOST, PROJECT_NAME, PocError, PocFolder, read_daemons
 from engine.errors import UsageError
 from engine.provision import ProvisionReport, load_project, provision
@@ -104,12 +105,12 @@ def prepare(folder: Path, sites: int | None = None, port: int | None = None) -> 
             project = load_project(draft)
     first = project.server.port
     check_ports_free(project.server.bind_host, first, poc, "prepare")
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_folder(folder)
     # the POC is this machine's sandbox: a site dropped from the project file loses its kit
     report = provision(project, poc.kits, remove=True)
     if status != "kept":
         _write_atomically(poc.project_file, text)
-    poc.run.mkdir(exist_ok=True, mode=0o700)
+    private_folder(poc.run)
     return PrepareReport(poc.project_file, status, (first, first + PORT_SPAN - 1), report)
 
 

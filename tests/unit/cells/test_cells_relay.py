@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.cells.relay import RelayTable
+from engine.cells.relay import MAX_NAME_CHARS, MAX_RELAYED_PER_IDENTITY, MAX_TTL_S, RelayTable
 
 
 def test_complete_forgets_the_request() -> None:
@@ -51,3 +51,18 @@ def test_deadlines_of_answered_requests_do_not_pile_up() -> None:
         relay.complete("site-1", i)
 
     assert len(relay._deadlines) < 3000
+
+
+def test_one_identity_may_have_only_so_many_requests_relayed_and_none_for_ever() -> None:
+    relay = RelayTable()
+    accepted = [
+        relay.add(f"site-1.c{i % 3}", i, "site-2", "x" * 10_000, "t", now_s=0.0, timeout_s=2.0**62)
+        for i in range(MAX_RELAYED_PER_IDENTITY + 5)
+    ]
+
+    assert accepted.count(True) == MAX_RELAYED_PER_IDENTITY  # child cells share their site's share
+    assert relay.add("site-3", 1, "site-2", "c", "t", now_s=0.0, timeout_s=1.0)  # others are not held back
+    assert len(relay.complete("site-1.c0", 0).channel) == MAX_NAME_CHARS
+    assert relay.add("site-1.c0", 99_999, "site-2", "c", "t", now_s=0.0, timeout_s=1.0)  # one freed, one in
+    assert relay.expire(MAX_TTL_S + 1.0) == MAX_RELAYED_PER_IDENTITY + 1  # announced timeouts are clamped
+    assert len(relay) == 0

@@ -220,3 +220,13 @@ def test_a_connection_whose_identity_leaves_the_allowlist_is_refused_from_then_o
     assert core.stats()["revoked"] == 1
     hello = answers(core.on_frames(b"c2", frames_of(Kind.HELLO, "site-2"), 2.0, "site-2"))
     assert (hello[0].kind, hello[0].status) == (Kind.HELLO_ACK, Status.ERROR)
+
+
+def test_keep_only_narrows_the_allowlist_to_the_given_identities() -> None:
+    allowlist = Allowlist({"site-1": SITE_1[0], "site-2": SITE_2[0]})
+
+    allowlist.keep_only({"site-2", "site-9"})
+
+    assert allowlist.identities() == ["site-2"]
+    assert allowlist.identity_of_raw(raw(SITE_1[0])) is None
+    assert not allowlist.has_identity("site-1") and allowlist.has_identity("site-2")
