@@ -136,8 +136,8 @@ def _add_deploy_commands(commands: argparse._SubParsersAction) -> None:
         help="run one admin command on the server of a provisioned project",
         description=(
             "Run one command on the server with an admin's startup kit: submit JOB_FOLDER (checked "
-            "here first; prints the job id), list, status JOB, abort JOB, download JOB [-o DIR], "
-            "logs JOB, clients, shutdown [SITE|all]. Exits 0 when the command succeeded, 1 when the "
+            "here first; prints the job id), list, status JOB, abort JOB, delete JOB, download JOB "
+            "[-o DIR], logs JOB [SITE], clients, shutdown [SITE|all]. Exits 0 when the command succeeded, 1 when the "
             "server refused or failed it, 2 on a usage error."
         ),
     )
@@ -145,8 +145,8 @@ def _add_deploy_commands(commands: argparse._SubParsersAction) -> None:
     admin.add_argument(
         "command",
         metavar="COMMAND",
-        choices=("submit", "list", "status", "abort", "download", "logs", "clients", "shutdown"),
-        help="submit, list, status, abort, download, logs, clients or shutdown",
+        choices=("submit", "list", "status", "abort", "delete", "download", "logs", "clients", "shutdown"),
+        help="submit, list, status, abort, delete, download, logs, clients or shutdown",
     )
     admin.add_argument("args", nargs="*", metavar="ARG", help="its arguments: a job folder, a job id, a site")
     admin.add_argument("-o", "--output", default=None, metavar="DIR", help="download: where results go (default: .)")

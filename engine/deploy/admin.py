@@ -20,6 +20,7 @@ from engine.cells import Status
 from engine.config import validate_job
 from engine.deploy import protocol
 from engine.deploy.archive import archive_digest, pack_job, unpack_job
+from engine.deploy.console import printable
 from engine.errors import CellError, ConfigError, FlengineError, SecurityError, UsageError
 from engine.provision import Kit
 from engine.site import SiteEndpoint, SiteSettings
@@ -107,7 +108,7 @@ class AdminSession:
         except (CellError, concurrent.futures.TimeoutError) as e:
             raise AdminError(f"{name}: {e}") from e
         if reply.status is Status.ERROR:  # the server refused or failed it: its reason is the message
-            raise AdminError(reply.reason or f"{name}: refused")
+            raise AdminError(printable(reply.reason) or f"{name}: refused")  # it may quote a site's text
         if reply.status is not Status.OK:
             raise AdminError(f"{name}: the server did not answer ({reply.status.value}: {reply.reason})")
         if not reply.frames:
@@ -157,6 +158,8 @@ class AdminSession:
             )
             if archive_digest(archive) != answer.get("digest"):
                 raise AdminError("download: the archive does not match the digest the server announced")
-            return unpack_job(archive, target)
+            return unpack_job(
+                archive, target, max_files=protocol.RESULTS_MAX_FILES, max_bytes=protocol.RESULTS_MAX_BYTES
+            )
         finally:
             shutil.rmtree(folder, ignore_errors=True)

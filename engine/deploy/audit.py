@@ -7,8 +7,10 @@ one for every job deployed to it, refused, started and ended. A line reads::
 
 Every value is JSON-encoded with non-ASCII characters escaped, so a value from a peer (a
 reason, a name) cannot start a line of its own, nor put a control character on a terminal that
-shows the log. Each line is written with one ``write`` on a file opened ``O_APPEND`` and made
-durable (``fsync``) before `AuditLog.record` returns; the file is created ``0600``.
+shows the log; every string is cut to `MAX_VALUE_CHARS` (`clip`), so a peer that sends a
+megabyte of name cannot make a megabyte of log. Each line is written with one ``write`` on a
+file opened ``O_APPEND`` and made durable (``fsync``) before `AuditLog.record` returns; the file
+is created ``0600``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ log = logging.getLogger(__name__)
 
 #: The keys every record has; `AuditLog.record` refuses them as details.
 RESERVED_KEYS = ("time", "actor", "action", "outcome")
+#: Characters of one string value an audit line (or a log line about a peer) keeps; the rest is "...".
+MAX_VALUE_CHARS = 200
 _MODE = 0o600
 
 
@@ -67,6 +71,9 @@ class AuditLog:
             **details: More fields of the line: ``job``, ``site``, ``reason``... Values that
                 JSON cannot encode are written as their ``str``.
 
+        Every string (the actor, action and outcome too, and strings in lists and dicts) is
+        cut to `MAX_VALUE_CHARS` characters by `clip`.
+
         Raises:
             ValueError: A detail is called like one of `RESERVED_KEYS`, or the log is closed.
             OSError: The line could not be written or made durable (disk full...).
@@ -75,6 +82,7 @@ class AuditLog:
         if clash:
             raise ValueError(f"audit detail keys {clash} are reserved; the keys {list(RESERVED_KEYS)} come first")
         entry = {"time": _now_iso(), "actor": actor, "action": action, "outcome": outcome, **details}
+        entry = {key: _clipped(value) for key, value in entry.items()}
         # ensure_ascii: "\n", "\u2028" or an escape sequence from a peer stays inside its string
         line = (json.dumps(entry, ensure_ascii=True, separators=(",", ":"), default=str) + "\n").encode("ascii")
         with self._lock:
@@ -95,6 +103,28 @@ class AuditLog:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def clip(text: object, limit: int = MAX_VALUE_CHARS) -> str:
+    """``str(text)`` cut to ``limit`` characters, ending in ``...`` when cut: for peer-supplied text in logs.
+
+    Example::
+
+        log.warning("job end refused: %s ran no such job", clip(message.source))
+    """
+    text = str.__str__(text) if isinstance(text, str) else str(text)  # a str enum as its value
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _clipped(value: Any) -> Any:
+    """``value`` with every string in it clipped; what JSON cannot encode becomes its clipped ``str``."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_clipped(item) for item in value]
+    if isinstance(value, dict):
+        return {clip(key): _clipped(item) for key, item in value.items()}
+    return clip(value)
 
 
 def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -5,32 +5,52 @@ one JSON body frame (`reply_json`), or an error reply whose reason the admin too
 admin is the identity of the session's key (its cell is ``alice.<token>``), its role and org
 come from the server kit's ``participants.json``; `engine.deploy.authz` decides, and every
 command, allowed or not, is a line of the audit log.
+
+What one admin may hold of the server is bounded: `MAX_SUBMITS_PER_ADMIN` submits in progress,
+`MAX_QUEUED_JOBS` jobs waiting, `MAX_DOWNLOADS_PER_ADMIN` download offers not yet pulled; a
+finished job's results are packed once (``<job>/results.zip``) and every later download is
+served from that file.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from engine.cells import Message, Reply, Status
+from engine.cells.log_limit import REFUSALS
 from engine.deploy import protocol
 from engine.deploy.archive import archive_digest, pack_job
+from engine.deploy.audit import clip
 from engine.deploy.authz import authorize, visible
 from engine.deploy.job_store import JobRecord
+from engine.deploy.results import results_settled
 from engine.deploy.server import ServerDaemon, reply_json
 from engine.errors import FlengineError
 from engine.provision.project import Participant
-from engine.streaming.service import ByteBudget, download_file
+from engine.streaming.service import DEFAULT_MIN_THROUGHPUT, ByteBudget, download_file
 
 log = logging.getLogger(__name__)
 
 #: Lines of a log that ``logs`` returns at most (the end of the file).
 LOG_LINES = 200
+#: Bytes read from the end of a log for ``logs``: a log of a billion short lines costs no more.
+LOG_TAIL_BYTES = 256 << 10
+#: Submits one admin may have in progress at once (each holds a thread and up to 1 GiB of disk).
+MAX_SUBMITS_PER_ADMIN = 2
+#: Jobs one admin may have waiting to run (SUBMITTED) at once.
+MAX_QUEUED_JOBS = 10
+#: Download offers one admin may have outstanding (neither pulled nor expired) at once.
+MAX_DOWNLOADS_PER_ADMIN = 2
+#: Seconds a download offer waits for the admin's next request before it is dropped.
+DOWNLOAD_TIMEOUT_S = 300.0
 
 
 class AdminCommands:
@@ -43,11 +63,17 @@ class AdminCommands:
             "list": self._list,
             "status": self._status,
             "abort": self._abort,
+            "delete": self._delete,
             "download": self._download,
             "logs": self._logs,
             "clients": self._clients,
             "shutdown": self._shutdown,
         }
+        self._lock = threading.Lock()  # guards the three dicts below
+        self._submitting: dict[str, int] = {}  # admin -> submits in progress
+        self._offers: dict[str, list[Path]] = {}  # admin -> owned folders of its download offers
+        self._packing: dict[str, threading.Lock] = {}  # job id -> held while its results.zip is made
+        self._digests: dict[str, str] = {}  # job id -> digest of its results.zip
 
     def handle(self, message: Message) -> Reply:
         """Authorize and run one command; never raises (an error is the reply)."""
@@ -55,10 +81,12 @@ class AdminCommands:
         command = str(message.header.get("command", ""))
         user = self.daemon.participants.get(identity)
         if user is None or user.kind != "admin":
-            return self._refuse(identity, command, f"{identity} is not an admin of this project")
+            return self._refuse(identity, command, f"{clip(identity)} is not an admin of this project")
         handler = self._commands.get(command)
         if handler is None:
-            return self._refuse(identity, command, f"unknown command {command!r}; known: {', '.join(self._commands)}")
+            return self._refuse(
+                identity, command, f"unknown command {clip(command)!r}; known: {', '.join(self._commands)}"
+            )
         try:
             return handler(user, message)
         except FlengineError as e:
@@ -78,20 +106,16 @@ class AdminCommands:
             return self._refuse(
                 user.name, "submit", f"a job archive of 1 to {protocol.MAX_JOB_ARCHIVE_BYTES} bytes is expected"
             )
-        folder = Path(tempfile.mkdtemp(prefix="submit-", dir=self.daemon.workspace))
+        busy = self._start_submit(user.name)
+        if busy:
+            return self._refuse(user.name, "submit", busy)
         try:
-            archive = download_file(
-                self.daemon.endpoint.cell,
-                message.source,
-                ref,
-                folder / "job.zip",
-                per_request_timeout_s=60.0,
-                budget=ByteBudget(size, f"the job archive of {user.name}"),
-                min_throughput=64 << 10,
-            )
-            record = self.daemon.store.submit(archive, user.name, user.org)
+            record = self._receive_job(user, message.source, ref, size)
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            with self._lock:
+                self._submitting[user.name] -= 1
+                if not self._submitting[user.name]:
+                    del self._submitting[user.name]
         self.daemon.audit.record(user.name, "submit", "ok", job=record.job_id, name=record.name)
         return reply_json(record.to_json())
 
@@ -120,6 +144,25 @@ class AdminCommands:
         self.daemon.audit.record(user.name, "abort", "ok", job=record.job_id)
         return reply_json(self._described(record))
 
+    def _delete(self, user: Participant, message: Message) -> Reply:
+        # authz has no "delete" action yet: deleting a job takes the right to abort it
+        record, denied = self._job_for(user, message, "delete", rule="abort")
+        if denied:
+            return denied
+        if not record.is_final:
+            return self._refuse(
+                user.name,
+                "delete",
+                f"job {record.job_id} is {record.status}; abort it first, or wait until it has ended",
+                job=record.job_id,
+            )
+        self.daemon.store.delete(record.job_id)
+        with self._lock:
+            self._digests.pop(record.job_id, None)
+            self._packing.pop(record.job_id, None)
+        self.daemon.audit.record(user.name, "delete", "ok", job=record.job_id, name=record.name)
+        return reply_json({"job_id": record.job_id, "deleted": True})
+
     def _download(self, user: Participant, message: Message) -> Reply:
         record, denied = self._job_for(user, message, "download")
         if denied:
@@ -128,16 +171,24 @@ class AdminCommands:
             return self._refuse(
                 user.name, "download", f"job {record.job_id} is {record.status}; download it once it ended"
             )
-        folder = Path(tempfile.mkdtemp(prefix="download-", dir=self.daemon.workspace))
+        folder = self._new_offer(user.name)
+        if folder is None:
+            return self._refuse(
+                user.name,
+                "download",
+                f"{user.name} has {MAX_DOWNLOADS_PER_ADMIN} downloads in progress already; busy, try again "
+                f"once one has finished (an offer nobody pulls is dropped after {DOWNLOAD_TIMEOUT_S:g} s)",
+                job=record.job_id,
+            )
         try:
-            archive = pack_job(self.daemon.store.workspace(record.job_id), folder / "results.zip")
-        except Exception:
-            shutil.rmtree(folder, ignore_errors=True)
+            archive, digest = self._results_of(record, folder / "results.zip")
+            size = archive.stat().st_size
+            ref = self.daemon.endpoint.service.add_file(
+                archive, protocol.ARCHIVE_CHUNK_BYTES, [message.source], DOWNLOAD_TIMEOUT_S, owned_folder=folder
+            )
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)  # frees the admin's offer slot too
             raise
-        size, digest = archive.stat().st_size, archive_digest(archive)
-        ref = self.daemon.endpoint.service.add_file(
-            archive, protocol.ARCHIVE_CHUNK_BYTES, [message.source], 300.0, owned_folder=folder
-        )
         self.daemon.audit.record(user.name, "download", "ok", job=record.job_id, bytes=size)
         return reply_json({"ref": ref, "size": size, "digest": digest, "job_id": record.job_id})
 
@@ -147,12 +198,10 @@ class AdminCommands:
             return denied
         site = str(message.header.get("site") or self.daemon.kit.identity)
         if site != self.daemon.kit.identity and site not in record.sites:
-            return self._refuse(user.name, "logs", f"job {record.job_id} did not run on {site!r}", job=record.job_id)
-        path = self.daemon.store.workspace(record.job_id) / site / "log.txt"
-        try:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_LINES:]
-        except OSError:
-            lines = []
+            return self._refuse(
+                user.name, "logs", f"job {record.job_id} did not run on {clip(site)!r}", job=record.job_id
+            )
+        lines = tail_lines(self.daemon.store.workspace(record.job_id) / site / "log.txt")
         self.daemon.audit.record(user.name, "logs", "ok", job=record.job_id, site=site)
         return reply_json({"job_id": record.job_id, "site": site, "lines": lines})
 
@@ -187,7 +236,7 @@ class AdminCommands:
         else:
             site = self.daemon.participants.get(target)
             if site is None or site.kind != "site":
-                return self._refuse(user.name, "shutdown", f"{target!r} is not a site of this project")
+                return self._refuse(user.name, "shutdown", f"{clip(target)!r} is not a site of this project")
             denied = authorize(user, "shutdown", target_site_org=site.org)
         if denied:
             return self._refuse(user.name, "shutdown", denied)
@@ -199,7 +248,7 @@ class AdminCommands:
             try:
                 self.daemon.endpoint.cell.send(site, protocol.SITE_CHANNEL, protocol.TOPIC_SHUTDOWN, {"by": user.name})
             except Exception as e:  # a site that is gone is already down
-                log.warning("shutdown not sent to %s: %s", site, e)
+                log.warning("shutdown not sent to %s: %s", site, clip(e))
         if target in ("server", "all"):
             # after this reply has gone out: the admin sees the answer, then the server stops
             threading.Timer(0.5, self.daemon.stop, args=(f"shutdown by {user.name}",)).start()
@@ -207,11 +256,90 @@ class AdminCommands:
 
     # ----------------------------------------------------------------- helpers
 
-    def _job_for(self, user: Participant, message: Message, action: str) -> tuple[JobRecord, Reply | None]:
+    def _start_submit(self, admin: str) -> str | None:
+        """Count a submit of ``admin`` as in progress; None, or why it is refused (busy, or over its quota)."""
+        with self._lock:
+            running = self._submitting.get(admin, 0)
+            if running >= MAX_SUBMITS_PER_ADMIN:
+                return f"{admin} has {running} submits in progress already; busy, try again once one has finished"
+            waiting = sum(1 for record in self.daemon.store.queued() if record.submitter == admin) + running
+            if waiting >= MAX_QUEUED_JOBS:
+                return (
+                    f"you have {waiting} jobs waiting, the most an admin may have ({MAX_QUEUED_JOBS}); "
+                    "abort one or wait until one has started"
+                )
+            self._submitting[admin] = running + 1
+        return None
+
+    def _receive_job(self, user: Participant, source: str, ref: str, size: int) -> JobRecord:
+        """Pull the job archive ``ref`` of ``size`` bytes from the admin's cell and store the job."""
+        folder = Path(tempfile.mkdtemp(prefix="submit-", dir=self.daemon.workspace))
+        try:
+            archive = download_file(
+                self.daemon.endpoint.cell,
+                source,
+                ref,
+                folder / "job.zip",
+                per_request_timeout_s=60.0,
+                budget=ByteBudget(size, f"the job archive of {user.name}"),
+                min_throughput=DEFAULT_MIN_THROUGHPUT,
+            )
+            return self.daemon.store.submit(archive, user.name, user.org)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _new_offer(self, admin: str) -> Path | None:
+        """A fresh folder for a download offer of ``admin``; None when it has its most offers out already.
+
+        The download service deletes an offer's folder when the offer is done or dropped, so the
+        folders that still exist are the offers still out.
+        """
+        with self._lock:
+            offers = [folder for folder in self._offers.get(admin, []) if folder.exists()]
+            if len(offers) >= MAX_DOWNLOADS_PER_ADMIN:
+                self._offers[admin] = offers
+                return None
+            folder = Path(tempfile.mkdtemp(prefix="download-", dir=self.daemon.workspace))
+            self._offers[admin] = [*offers, folder]
+        return folder
+
+    def _results_of(self, record: JobRecord, served: Path) -> tuple[Path, str]:
+        """The job's workspace packed at ``served``, and its digest.
+
+        Once no more results can come (`results_settled`), the workspace is packed once into
+        ``<job>/results.zip`` and ``served`` is a hard link to it; until then it is packed afresh.
+        """
+        workspace = self.daemon.store.workspace(record.job_id)
+        if not results_settled(record, workspace):
+            pack_job(workspace, served, max_files=protocol.RESULTS_MAX_FILES, max_bytes=protocol.RESULTS_MAX_BYTES)
+            return served, archive_digest(served)
+        kept = self.daemon.store.results_archive(record.job_id)
+        with self._lock:
+            packing = self._packing.setdefault(record.job_id, threading.Lock())
+        with packing:  # concurrent downloads of one job pack it once
+            if not kept.exists():
+                pack_job(workspace, served, max_files=protocol.RESULTS_MAX_FILES, max_bytes=protocol.RESULTS_MAX_BYTES)
+                _link(served, kept)
+            else:
+                _link(kept, served)
+            with self._lock:
+                digest = self._digests.get(record.job_id)
+            if digest is None:  # once per job and server run
+                digest = archive_digest(kept)
+                with self._lock:
+                    self._digests[record.job_id] = digest
+        return served, digest
+
+    def _job_for(
+        self, user: Participant, message: Message, action: str, rule: str | None = None
+    ) -> tuple[JobRecord, Reply | None]:
+        """The job the message names, and a refusal unless ``user`` may take ``rule`` (default ``action``) on it."""
         job_id = str(message.header.get("job_id", ""))
         record = self.daemon.store.get(job_id)  # a bad or unknown id raises JobStoreError: the reply
-        denied = authorize(user, action, job_submitter=record.submitter, job_org=record.submitter_org)
+        denied = authorize(user, rule or action, job_submitter=record.submitter, job_org=record.submitter_org)
         if denied:
+            if rule:
+                denied = f"{action} needs the right to {rule} the job: {denied}"
             return record, self._refuse(user.name, action, denied, job=job_id)
         return record, None
 
@@ -223,5 +351,38 @@ class AdminCommands:
 
     def _refuse(self, actor: str, command: str, reason: str, **details: Any) -> Reply:
         self.daemon.audit.record(actor, command or "?", "refused", reason=reason, **details)
-        log.warning("admin command refused: %s by %s: %s", command, actor, reason)
+        REFUSALS.warning(log, "admin command refused: %s by %s: %s", clip(command), clip(actor), clip(reason))
         return Reply(status=Status.ERROR, reason=reason)
+
+
+def tail_lines(path: Path, lines: int = LOG_LINES, tail_bytes: int = LOG_TAIL_BYTES) -> list[str]:
+    """The last ``lines`` lines of the text file ``path``, read from its last ``tail_bytes`` bytes only.
+
+    A line cut by the start of the read is left out (unless it is the only one); a file that
+    cannot be read has no lines.
+    """
+    try:
+        with path.open("rb") as source:
+            start = max(0, source.seek(0, os.SEEK_END) - tail_bytes)
+            source.seek(start)
+            data = source.read(tail_bytes)
+    except OSError:
+        return []
+    text = data.decode("utf-8", errors="replace").splitlines()
+    if start > 0 and len(text) > 1:
+        text = text[1:]
+    return text[-lines:]
+
+
+def _link(source: Path, dest: Path) -> None:
+    """Make ``dest`` the same file as ``source``: a hard link, or a copy where none can be made; atomically."""
+    partial = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        try:
+            os.link(source, partial)
+        except OSError:  # another file system, or one without hard links
+            shutil.copyfile(source, partial)
+        os.replace(partial, dest)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise

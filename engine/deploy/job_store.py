@@ -8,6 +8,7 @@
         job/                    the archive unpacked: the folder the job runs from
         workspace/              the server side's workspace: logs, models, result.json
         meta.json               the `JobRecord`, rewritten atomically on every change
+        results.zip             the workspace packed for ``download``, once no more results come
 
 A submission is unpacked and checked in a staging folder (``<root>/.incoming-<id>``) and renamed
 into place only once it is valid, so a refused job leaves nothing and a half-made one is never
@@ -44,6 +45,10 @@ ARCHIVE_FILE = "job.zip"
 JOB_FOLDER = "job"
 WORKSPACE_FOLDER = "workspace"
 META_FILE = "meta.json"
+RESULTS_FILE = "results.zip"
+#: Prefix of the folder in a job's workspace that claims a site's results while they are taken
+#: (``workspace/.taking-site-1``, see `engine.deploy.results.take_results`).
+RESULTS_CLAIM_PREFIX = ".taking-"
 JOB_ID_PATTERN = re.compile(r"^[0-9a-f]{12}$")
 #: Why `JobStore.recover` aborts a job that was running when the server stopped.
 SERVER_STOPPED_REASON = "the server stopped while the job ran"
@@ -300,7 +305,10 @@ class JobStore:
         return updated
 
     def recover(self) -> list[JobRecord]:
-        """At server start: abort every job left RUNNING, and remove leftover staging folders.
+        """At server start: abort every job left RUNNING, and remove leftover staging folders and results claims.
+
+        A results claim left by a stop mid-download would refuse that site's results, and keep
+        the job's results from being packed once, for ever.
 
         Returns:
             The jobs that were RUNNING, now FINISHED_ABORTED with reason `SERVER_STOPPED_REASON`.
@@ -311,6 +319,9 @@ class JobStore:
                     shutil.rmtree(leftover, ignore_errors=True)
             aborted = []
             for record in self.list():
+                workspace = self.root / record.job_id / WORKSPACE_FOLDER
+                for claim in workspace.glob(f"{RESULTS_CLAIM_PREFIX}*") if workspace.is_dir() else ():
+                    shutil.rmtree(claim, ignore_errors=True)
                 if record.status == StoreStatus.RUNNING:
                     aborted.append(
                         self.update(
@@ -355,6 +366,10 @@ class JobStore:
     def archive(self, job_id: str) -> Path:
         """The job's archive as submitted (what the sites are sent)."""
         return self._folder(job_id) / ARCHIVE_FILE
+
+    def results_archive(self, job_id: str) -> Path:
+        """Where the job's workspace is kept packed for downloads (it may not exist yet)."""
+        return self._folder(job_id) / RESULTS_FILE
 
     def _folder(self, job_id: str) -> Path:
         folder = self.root / check_job_id(job_id)

@@ -44,6 +44,11 @@ STATUS_TIMEOUT_S = 10.0
 DEPLOY_TIMEOUT_S = 120.0
 #: Largest job archive the server takes from an admin, or a site from the server.
 MAX_JOB_ARCHIVE_BYTES = 1 << 30
+#: Most bytes of a job's workspace packed for ``download`` (and unpacked by the admin): the
+#: server's own folder (its models, over 1 GiB for a 1 GiB model) and every site's results.
+RESULTS_MAX_BYTES = 64 << 30
+#: Most files and folders of a job's workspace packed for ``download``.
+RESULTS_MAX_FILES = 100_000
 #: Chunk size of job archive and result downloads.
 ARCHIVE_CHUNK_BYTES = 1 << 20
 #: How many job ports the server uses by default, after its own port (``port + 1`` on).

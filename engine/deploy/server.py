@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.cells import Message, Reply, Status
+from engine.cells.log_limit import REFUSALS
 from engine.config import load_job
 from engine.deploy import protocol
-from engine.deploy.audit import AuditLog
+from engine.deploy.audit import AuditLog, clip
 from engine.deploy.authz import load_participants
 from engine.deploy.folders import private_folder
 from engine.deploy.job_process import JobProcess
@@ -178,7 +179,7 @@ class ServerDaemon:
         site = message.source.split(".", 1)[0]
         participant = self.participants.get(site)
         if participant is None or participant.kind != "site" or message.source != site:
-            log.warning("site status refused: %s is not a site of this project", message.source)
+            REFUSALS.warning(log, "site status refused: %s is not a site of this project", message.source)
             return None
         with self._lock:
             first = site not in self._seen or time.monotonic() - self._seen[site] > protocol.STATUS_TIMEOUT_S
@@ -197,13 +198,14 @@ class ServerDaemon:
         except FlengineError:
             record = None
         if record is None or site not in record.sites or message.source != site or type(code) is not int:
-            log.warning("job end refused: %s ran no such job", message.source)
+            REFUSALS.warning(log, "job end refused: %s ran no such job", message.source)
             return None
         self.audit.record(site, "job_process_end", "ok" if code == 0 else "failed", job=record.job_id, code=code)
         try:
-            taken = take_results(self.endpoint, site, message.header, self.store.workspace(record.job_id) / site)
+            dest = self.store.workspace(record.job_id) / site
+            taken = take_results(self.endpoint, site, message.header, dest, job=record)
         except FlengineError as e:
-            log.warning("results of %s for job %s not taken: %s", site, record.job_id, e)
+            REFUSALS.warning(log, "results of %s for job %s not taken: %s", site, record.job_id, clip(str(e)))
             self.audit.record(site, "results", "refused", job=record.job_id, reason=str(e))
             self._site_ended(record.job_id, site)
             return None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.deploy.audit import AuditLog, read
+from engine.deploy.audit import MAX_VALUE_CHARS, AuditLog, clip, read
 from engine.errors import SecurityError
 
 
@@ -183,3 +183,24 @@ def test_a_closed_log_refuses_records(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="the audit log is closed"):
         audit.record("carol", "list", "ok")
+
+
+def test_every_string_is_clipped_so_a_peer_cannot_flood_the_log(audit: AuditLog) -> None:
+    huge = "x" * (1 << 20)
+
+    audit.record(huge, huge, "refused", reason=huge, sites=["site-1", huge], code=3, error=ValueError(huge))
+
+    written = read(audit.path)[0]
+    clipped = "x" * MAX_VALUE_CHARS + "..."
+    assert (written["actor"], written["action"], written["reason"], written["error"]) == (clipped,) * 4
+    assert written["sites"] == ["site-1", clipped] and written["code"] == 3
+    assert audit.path.stat().st_size < 2000
+
+
+@pytest.mark.parametrize(
+    ("text", "clipped"),
+    [("short", "short"), ("y" * MAX_VALUE_CHARS, "y" * MAX_VALUE_CHARS), ("z" * 201, "z" * 200 + "..."), (7, "7")],
+    ids=["short", "at-the-limit", "over-the-limit", "not-a-string"],
+)
+def test_clip(text: object, clipped: str) -> None:
+    assert clip(text) == clipped

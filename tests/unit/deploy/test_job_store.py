@@ -131,6 +131,18 @@ def test_recover_aborts_the_jobs_the_server_left_running(store: JobStore, fedavg
     assert not (store.root / f".incoming-{'0' * 12}").exists()
 
 
+def test_recover_removes_results_claims_a_stop_cut_short(store: JobStore, fedavg_zip: Path) -> None:
+    record = submit(store, fedavg_zip)
+    claim = store.workspace(record.job_id) / ".taking-site-1"
+    claim.mkdir()
+    (claim / "results.zip").write_bytes(b"half a download")
+    (store.workspace(record.job_id) / "site-2").mkdir()  # results taken before the stop stay
+
+    JobStore(store.root).recover()
+
+    assert sorted(p.name for p in store.workspace(record.job_id).iterdir()) == ["site-2"]
+
+
 @pytest.mark.parametrize(
     "text",
     ["", '{"job_id": "', "[]", '{"job_id": "abc"}', '{"job_id": "%s", "name": 1}'],
