@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine.config import job_code_on_path
 from engine.provision import load_project, provision
 from tests.integration.runtime.jobkit import expected_delta, make_bench_job
 
@@ -218,6 +219,9 @@ def test_abort_ends_every_job_process_and_the_server_keeps_its_jobs_over_a_resta
     deployment.start("server", "server")
     listed = deployment.admin_json("alice", "list")
     assert [(job["job_id"], job["status"]) for job in listed] == [(job_id, "FINISHED_ABORTED")]
+    downloaded = deployment.admin("alice", "download", job_id, "-o", str(tmp_path / "after-restart"))
+    assert downloaded.returncode == 0, downloaded.stderr
+    assert (tmp_path / "after-restart" / job_id / "server" / "log.txt").is_file()
 
 
 def test_a_reprovisioned_server_kit_is_picked_up_without_a_restart(deployment: Deployment, tmp_path: Path) -> None:
@@ -247,3 +251,30 @@ def test_a_reprovisioned_server_kit_is_picked_up_without_a_restart(deployment: D
         time.sleep(0.5)
         log = (tmp_path / "server-workspace" / "log.txt").read_text()
     assert "the key of 'site-1' is no longer on the allowlist" in log
+
+
+def test_jobs_fedavg_trains_the_digits_model_to_90_percent_in_production_mode(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    deployment.start("server", "server")
+    for site in SITES:
+        deployment.start(site, "client")
+    deployment.wait_connected(*SITES)
+
+    job_id = deployment.admin_json("alice", "submit", str(ROOT / "jobs" / "fedavg"))["job_id"]
+    record = deployment.wait_status(job_id, "FINISHED_COMPLETED", "FINISHED_EXECUTION_EXCEPTION", timeout_s=300)
+
+    assert record["status"] == "FINISHED_COMPLETED", record
+    assert deployment.admin("alice", "download", job_id, "-o", str(tmp_path / "results")).returncode == 0
+    weights = load_file(tmp_path / "results" / job_id / "server" / "models" / "global.safetensors")
+    with job_code_on_path(ROOT / "jobs" / "fedavg" / "app" / "custom"):
+        from digits import load_split
+        from net import Net
+
+        _, (val_x, val_y) = load_split(0, 2)
+        net = Net(hidden=64)
+        net.load_state_dict(weights)
+        accuracy = (net(val_x).argmax(dim=1) == val_y).float().mean().item()
+    assert accuracy >= 0.90
+    metrics = [json.loads(line) for line in (tmp_path / "results" / job_id / "site-1" / "metrics.jsonl").open()]
+    assert metrics, "site-1 handed in its metrics"
