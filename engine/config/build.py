@@ -4,6 +4,11 @@
 something callable, and the args bind to its signature (no unknown or missing ones, no obviously
 wrong types). `build_component` runs the same checks, then builds nested ``{path, args}`` args
 first and calls the constructor.
+
+`is_engine_component` tells, without importing anything, whether a dotted path names one of
+flengine's own components; any other path runs code that the job brings (`engine.config.trust`).
+A path into one of flengine's packages must resolve to an object defined there: reaching through
+a module's imports (``engine.paths.os.system``) is refused.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import sys
 import traceback
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +34,19 @@ _DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 _NESTED_KEYS = {"path", "args"}
 _JOB_CODE_HINT = "check the spelling; the job's own code goes in the app's custom/ folder"
 _INSTALLED_CODE = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+_ENGINE = "engine"
+_NOT_OWN_HINT = "a job may name engine classes or its own code in custom/"
+
+#: flengine's packages of components: workflows, aggregators, persistors, executors and filters.
+#: Its other packages are not components: their functions build, start or read whatever their
+#: arguments name (``engine.config.build.build_component`` builds any dotted path at all).
+ENGINE_COMPONENT_PACKAGES = (
+    "engine.workflows",
+    "engine.aggregators",
+    "engine.persistors",
+    "engine.executors",
+    "engine.filters",
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,40 @@ def is_nested_component(value: Any) -> bool:
         and _DOTTED_PATH.match(value["path"]) is not None
         and set(value) <= _NESTED_KEYS
     )
+
+
+def is_engine_component(path: str) -> bool:
+    """Tell, without importing it, whether a dotted path names one of flengine's own components.
+
+    It does when it lies in one of `ENGINE_COMPONENT_PACKAGES` and every part is a public ASCII
+    name (no ``_private`` or ``__dunder__`` one). Anything else is code the job brings: its own
+    (``net.Net`` from custom/), the standard library's (``os.system``), or flengine's machinery
+    (``engine.config.build.build_component``). `resolve_dotted_path` then makes sure such a path
+    does not reach past its package (``engine.persistors.pt_file.shutil.rmtree`` is refused).
+
+    Example::
+
+        is_engine_component("engine.workflows.FedAvg")  # True
+        is_engine_component("engine.paths.os.system")  # False
+    """
+    parts = path.split(".")
+    public = all(part.isascii() and part.isidentifier() and not part.startswith("_") for part in parts)
+    return public and _within(path, ENGINE_COMPONENT_PACKAGES)
+
+
+def component_paths(spec: ComponentSpec) -> Iterator[tuple[KeyPath, str]]:
+    """Yield ``(key path of a path, the dotted path)`` for ``spec`` and every component building it builds.
+
+    Nested ``{path, args}`` args are followed as `build_component` follows them, through lists
+    and the args of nested components.
+    """
+    yield spec.key_path + ("path",), spec.path
+    for name, value in spec.args.items():
+        for sub_path, nested in _nested_specs(value, spec.key_path + ("args", name)):
+            if isinstance(nested.get("args", {}), dict):
+                yield from component_paths(ComponentSpec.from_entry(nested, sub_path))
+            else:
+                yield sub_path + ("path",), nested["path"]
 
 
 def check_component(spec: ComponentSpec, document: ConfigDocument) -> list[Problem]:
@@ -95,9 +148,13 @@ def build_component(spec: ComponentSpec, document: ConfigDocument) -> Any:
 def resolve_dotted_path(path: str) -> Any:
     """Import ``module.attr[.attr...]`` and return the object it names.
 
+    A path into flengine (``engine.``) must name an object defined in flengine, and one into its
+    components (`is_engine_component`) an object defined among them: a module's imports do not
+    count (``engine.paths.os.system`` is ``os.system``, not flengine's).
+
     Raises:
-        DottedPathError: The message says whether the module or the attribute is missing, or
-            what importing the module raised.
+        DottedPathError: The message says whether the module or the attribute is missing, what
+            importing the module raised, or that the object is not flengine's own.
     """
     parts = path.split(".")
     if len(parts) < 2:
@@ -114,8 +171,33 @@ def resolve_dotted_path(path: str) -> Any:
             raise _import_failed(module_name, e) from e
         except Exception as e:  # noqa: BLE001 - any error in the user's module is reported, not raised
             raise _import_failed(module_name, e) from e
-        return _get_attributes(module, module_name, parts[split:], missing_module)
+        target = _get_attributes(module, module_name, parts[split:], missing_module)
+        if parts[0] == _ENGINE:
+            _check_engine_own(path, target)
+        return target
     raise DottedPathError(f"cannot import {path!r}: no module named {parts[0]!r}", _JOB_CODE_HINT)
+
+
+def _check_engine_own(path: str, target: Any) -> None:
+    """Refuse a path into flengine that reaches an object defined elsewhere (or, for a component, outside them)."""
+    component = is_engine_component(path)
+    home = target.__name__ if inspect.ismodule(target) else getattr(target, "__module__", None)
+    if isinstance(home, str) and _within(home, ENGINE_COMPONENT_PACKAGES if component else (_ENGINE,), exact=True):
+        return
+    name = getattr(target, "__qualname__", None)
+    if inspect.ismodule(target):
+        origin = f"the module {home}"
+    elif isinstance(home, str) and isinstance(name, str):
+        origin = f"{home}.{name}"
+    else:
+        origin = f"a {type(target).__name__} object"
+    kind = "flengine's own component" if component else "flengine's own"
+    raise DottedPathError(f"{path!r} is not {kind}: it is {origin}", _NOT_OWN_HINT)
+
+
+def _within(name: str, packages: tuple[str, ...], *, exact: bool = False) -> bool:
+    """Whether dotted ``name`` lies inside one of ``packages`` (or is one, with ``exact``)."""
+    return any(name.startswith(package + ".") or (exact and name == package) for package in packages)
 
 
 def _get_attributes(module: Any, module_name: str, names: list[str], missing_module: str | None) -> Any:

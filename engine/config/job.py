@@ -2,6 +2,11 @@
 
 `inspect_job` gathers all problems of a job at once (the job is returned only when there are
 none); `load_job` raises them as one `ConfigError`; `validate_job` returns just the problems.
+
+Each takes two switches for a job that arrives from someone else (a server's submissions, a
+site's deployments): ``build=False`` imports and constructs nothing of the job, so its code does
+not run in the daemon that checks it; ``environment=False`` refuses a ``${NAME}`` that the job's
+files do not define instead of reading it from the daemon's environment.
 """
 
 from __future__ import annotations
@@ -76,8 +81,20 @@ class Job:
         return self.apps[candidates[0]] if candidates else None
 
 
-def inspect_job(path: str | os.PathLike[str]) -> tuple[Job | None, list[Problem]]:
+def inspect_job(
+    path: str | os.PathLike[str], *, build: bool = True, environment: bool = True
+) -> tuple[Job | None, list[Problem]]:
     """Read and check a job folder: layout, schemas, deploy map, ids, and a dry build of components.
+
+    Args:
+        path: The job folder.
+        build: Dry-build every component: import its dotted path (the app's ``custom/`` folder on
+            ``sys.path``) and bind its args to the signature. False checks everything that needs
+            no import, so none of the job's code runs: what a server or a site does with a job
+            it receives (the job process builds it later, where the site's policy allows).
+        environment: Let ``${NAME}`` / ``${?NAME}`` read what the job's files do not define from
+            the process environment, as HOCON does. False makes it a problem instead: a job sent
+            to a server may not read that server's environment.
 
     Returns:
         The job (None when anything is wrong) and every problem found, in order.
@@ -87,8 +104,11 @@ def inspect_job(path: str | os.PathLike[str]) -> tuple[Job | None, list[Problem]
     if layout.meta_file is None:
         return None, problems
 
-    meta = _load_checked(layout.meta_file, layout, "meta", problems)
-    apps = {name: _inspect_app(app, layout, problems) for name, app in layout.apps.items()}
+    meta = _load_checked(layout.meta_file, layout, "meta", problems, environment)
+    apps = {
+        name: _inspect_app(app, layout, problems, build=build, environment=environment)
+        for name, app in layout.apps.items()
+    }
     if meta is not None:
         meta.data = with_defaults(meta.data, "meta")
         meta.data.setdefault("name", layout.folder.resolve().name)
@@ -99,23 +119,28 @@ def inspect_job(path: str | os.PathLike[str]) -> tuple[Job | None, list[Problem]
     return Job(layout.folder, meta, deployed), []
 
 
-def load_job(path: str | os.PathLike[str]) -> Job:
-    """Read and check a job folder; raise `ConfigError` listing every problem if it is not valid."""
-    job, problems = inspect_job(path)
+def load_job(path: str | os.PathLike[str], *, build: bool = True, environment: bool = True) -> Job:
+    """Read and check a job folder; raise `ConfigError` listing every problem if it is not valid.
+
+    ``build`` and ``environment`` are `inspect_job`'s.
+    """
+    job, problems = inspect_job(path, build=build, environment=environment)
     if job is None:
         raise ConfigError(problems)
     return job
 
 
-def validate_job(path: str | os.PathLike[str]) -> list[Problem]:
-    """Return every problem of a job folder (an empty list when it is valid)."""
-    return inspect_job(path)[1]
+def validate_job(path: str | os.PathLike[str], *, build: bool = True, environment: bool = True) -> list[Problem]:
+    """Return every problem of a job folder (an empty list when it is valid); see `inspect_job`."""
+    return inspect_job(path, build=build, environment=environment)[1]
 
 
-def _load_checked(file: Path, layout: JobLayout, schema: str, problems: list[Problem]) -> ConfigDocument | None:
+def _load_checked(
+    file: Path, layout: JobLayout, schema: str, problems: list[Problem], environment: bool
+) -> ConfigDocument | None:
     """Load ``file`` and check it against ``schema``; add problems; return it when schema-valid."""
     try:
-        document = load_config(file, layout.display_of(file), layout.folder)
+        document = load_config(file, layout.display_of(file), layout.folder, environment=environment)
     except ConfigError as e:
         problems.extend(e.problems)
         return None
@@ -124,30 +149,39 @@ def _load_checked(file: Path, layout: JobLayout, schema: str, problems: list[Pro
     return None if schema_problems else document
 
 
-def _inspect_app(app: AppLayout, layout: JobLayout, problems: list[Problem]) -> AppConfig:
+def _inspect_app(
+    app: AppLayout, layout: JobLayout, problems: list[Problem], *, build: bool, environment: bool
+) -> AppConfig:
     result = AppConfig(app.name, app.folder, app.custom_dir)
     for side, file in (("server", app.server_config), ("client", app.client_config)):
         if file is None:
             continue
         schema = f"config_fed_{side}"
         try:
-            document = load_config(file, layout.display_of(file), layout.folder)
+            document = load_config(file, layout.display_of(file), layout.folder, environment=environment)
         except ConfigError as e:
             problems.extend(e.problems)
             continue
         found = check_document(document, schema) + _check_ids(document)
-        reported = {problem.key_path for problem in found}
-        with job_code_on_path(app.custom_dir):
-            for spec in _component_specs(document):
-                # a key the schema already faulted (a workflow arg it knows) is said once
-                found.extend(p for p in check_component(spec, document) if p.key_path not in reported)
+        if build:
+            found += _dry_build(document, app.custom_dir, reported={problem.key_path for problem in found})
         problems.extend(sorted(found, key=lambda p: p.line or 0))
         document.data = with_defaults(document.data, schema)
         setattr(result, side, document)
     return result
 
 
-def _component_entries(data: dict[str, Any]) -> Iterator[tuple[KeyPath, Any]]:
+def _dry_build(document: ConfigDocument, custom_dir: Path | None, reported: set[KeyPath]) -> list[Problem]:
+    """Check every component of ``document`` against its class: this imports the job's code."""
+    found = []
+    with job_code_on_path(custom_dir):
+        for spec in _component_specs(document):
+            # a key the schema already faulted (a workflow arg it knows) is said once
+            found.extend(p for p in check_component(spec, document) if p.key_path not in reported)
+    return found
+
+
+def component_entries(data: dict[str, Any]) -> Iterator[tuple[KeyPath, Any]]:
     """Yield ``(key path, entry)`` for every component entry of a server or client config."""
     for key in ("workflows", "components"):
         for i, entry in enumerate(_as_list(data.get(key))):
@@ -164,7 +198,7 @@ def _component_entries(data: dict[str, Any]) -> Iterator[tuple[KeyPath, Any]]:
 
 def _component_specs(document: ConfigDocument) -> Iterator[ComponentSpec]:
     """Yield a spec for each entry well-formed enough to dry-build (the schema reports the rest)."""
-    for key_path, entry in _component_entries(document.data):
+    for key_path, entry in component_entries(document.data):
         if isinstance(entry, dict) and is_nested_component({k: v for k, v in entry.items() if k != "id"}):
             if isinstance(entry.get("args", {}), dict):
                 yield ComponentSpec.from_entry(entry, key_path)
@@ -173,7 +207,7 @@ def _component_specs(document: ConfigDocument) -> Iterator[ComponentSpec]:
 def _check_ids(document: ConfigDocument) -> list[Problem]:
     first_seen: dict[str, KeyPath] = {}
     problems = []
-    for key_path, entry in _component_entries(document.data):
+    for key_path, entry in component_entries(document.data):
         component_id = entry.get("id") if isinstance(entry, dict) else None
         if not isinstance(component_id, str):
             continue

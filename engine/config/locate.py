@@ -5,6 +5,9 @@ light tokenizer and a recursive-descent walk of its own over the same text. It i
 it never raises on malformed input (pyhocon reports syntax errors itself) and returns whatever
 it could map.
 
+`find_includes` is not best effort: it guards what pyhocon may read (a URL, a file outside the job
+folder), so it errs the other way and searches the whole text, comments and strings included.
+
 Example:
     >>> locate_keys("a {\\n  b.c = 1\\n}")
     {('a',): 1, ('a', 'b'): 2, ('a', 'b', 'c'): 2}
@@ -13,8 +16,11 @@ Example:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from pyhocon import ConfigParser
 
 from engine.config.problems import KeyPath
 
@@ -25,6 +31,16 @@ _TEXT_STOP = _PUNCTUATION + '"#$'
 _INCLUDE_KINDS = ("file", "url", "classpath", "package")
 _INCLUDE_CALLS = tuple(f"{name}(" for name in ("required", *_INCLUDE_KINDS))
 _SEPARATORS = ("=", ":", "+=")
+# An include as pyhocon's grammar reads it, with every keyword caseless (pyhocon's `include` is)
+# and no closing parenthesis needed (pyhocon includes before it looks for them).
+_INCLUDE_KEYWORD = re.compile(r"(?<![A-Za-z0-9_$])(?=include)", re.IGNORECASE)
+_INCLUDE = re.compile(
+    r"include[ \t]*(?:(?P<required>required)[ \t]*\([ \t]*)?"
+    r"(?:(?P<kind>url|file|classpath|package)[ \t]*\([ \t]*)?"
+    r'"(?P<target>(?:[^"\\\n]|\\.)*)"',
+    re.IGNORECASE,
+)
+_ESCAPE = re.compile(r"\\.", re.DOTALL)
 
 
 class _Token(NamedTuple):
@@ -38,7 +54,7 @@ class IncludeDirective:
     """One `include` statement of a HOCON file.
 
     Attributes:
-        target: The string inside the quotes, e.g. ``"common.conf"``.
+        target: The string inside the quotes, e.g. ``"common.conf"``, as pyhocon reads it.
         kind: ``"plain"`` for ``include "x.conf"``, else ``"file"``, ``"url"``, ``"classpath"``
             or ``"package"``.
         required: Whether the target is wrapped in ``required(...)``.
@@ -67,12 +83,28 @@ def locate_keys(text: str) -> dict[KeyPath, int]:
 
 
 def find_includes(text: str) -> list[IncludeDirective]:
-    """Return the include directives of a HOCON text, in order.
+    """Return every include that pyhocon could follow in a HOCON text, in order.
+
+    pyhocon follows an ``include`` wherever its grammar meets one: in any case, in an object, a
+    value or an array, after a ``//`` that its keys may contain. Telling all of those apart means
+    parsing as pyhocon does, so the whole text is searched instead: an include written in a
+    comment or a string is reported too, which errs on the safe side.
 
     Args:
         text: HOCON source; includes are reported, not followed.
     """
-    return _scan(text).includes
+    text = text.expandtabs()  # as pyparsing does before it parses: targets then read alike
+    includes = []
+    escapes = ConfigParser.REPLACEMENTS  # the escapes pyhocon resolves; it keeps other backslashes
+    for keyword in _INCLUDE_KEYWORD.finditer(text):
+        match = _INCLUDE.match(text, keyword.start())
+        if match is None:
+            continue
+        target = _ESCAPE.sub(lambda m: escapes.get(m.group(0), m.group(0)), match.group("target"))
+        kind = (match.group("kind") or "plain").lower()
+        line = text.count("\n", 0, keyword.start()) + 1
+        includes.append(IncludeDirective(target, kind, match.group("required") is not None, line))
+    return includes
 
 
 def _scan(text: str) -> _Walker:
@@ -163,13 +195,12 @@ def _string_content(quoted: str) -> str:
 
 
 class _Walker:
-    """Recursive descent over the tokens, recording key lines and include directives."""
+    """Recursive descent over the tokens, recording key lines."""
 
     def __init__(self, tokens: list[_Token]) -> None:
         self.tokens = tokens
         self.pos = 0
         self.lines: dict[KeyPath, int] = {}
-        self.includes: list[IncludeDirective] = []
         # Current length of each array, so that `key += value` knows the index it appends at.
         self.array_lengths: dict[KeyPath, int] = {}
 
@@ -300,23 +331,7 @@ class _Walker:
         return after.kind == "string"
 
     def walk_include(self) -> None:
-        """Consume an include directive up to the end of its line and record it if well formed."""
-        line = self.token.line
+        """Consume an include directive up to the end of its line (`find_includes` reports it)."""
         self.pos += 1
-        shape, targets = "", []
         while self.token.kind in ("text", "string", "ws"):
-            if self.token.kind == "string":
-                shape += '"'
-                targets.append(self.token.text)
-            elif self.token.kind == "text":
-                shape += self.token.text
             self.pos += 1
-        required = shape.startswith("required(") and shape.endswith(")")
-        if required:
-            shape = shape[len("required(") : -1]
-        kind = "plain"
-        for candidate in _INCLUDE_KINDS:
-            if shape.startswith(f"{candidate}(") and shape.endswith(")"):
-                kind, shape = candidate, shape[len(candidate) + 1 : -1]
-        if shape == '"' and len(targets) == 1:
-            self.includes.append(IncludeDirective(targets[0], kind, required, line))

@@ -3,6 +3,10 @@
 HOCON goes through pyhocon (includes, ``${...}`` substitutions, ``${?ENV}`` fallbacks); JSON goes
 through the standard library. Either way the result is plain dicts, lists and scalars, plus a map
 from key path to the line it was written on, so later checks can point at the exact line.
+
+A job that a server or a site receives is read with ``environment=False``: a substitution the
+file does not define is a problem, never answered from the process environment (see
+`engine.config.substitutions`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import glob
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,7 @@ from pyhocon.exceptions import ConfigException, ConfigSubstitutionException
 
 from engine.config.locate import find_includes, locate_keys
 from engine.config.problems import KeyPath, Problem
+from engine.config.substitutions import EnvironmentReference, environment_references, resolve
 from engine.errors import ConfigError
 
 CONFIG_SUFFIXES = (".conf", ".json")
@@ -60,37 +65,43 @@ class ConfigDocument:
         return Problem(self.display, self.line_of(key_path), key_path, message, hint)
 
 
-def load_config(path: Path, display: str, root: Path) -> ConfigDocument:
+def load_config(path: Path, display: str, root: Path, *, environment: bool = True) -> ConfigDocument:
     """Load one ``.conf`` or ``.json`` file of a job folder.
 
     Args:
         path: The file to read.
         display: How to name the file in messages.
         root: The job folder; an ``include`` that reaches outside it is refused.
+        environment: Whether a ``${NAME}`` or ``${?NAME}`` that the file (with its includes)
+            does not define may be read from the process environment, as HOCON does. False for
+            a job sent to a server or a site: such a substitution is then a problem.
 
     Returns:
         The parsed document; its top level is always an object.
 
     Raises:
-        ConfigError: The file cannot be read or parsed, an include is refused, or the top level
-            is not an object. Every problem found is listed.
+        ConfigError: The file cannot be read or parsed, an include is refused, a substitution
+            would read the environment that may not, or the top level is not an object. Every
+            problem found is listed.
     """
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError([Problem(display, None, (), f"cannot read the file: {e}")]) from e
 
+    key_lines = locate_keys(text)
     if path.suffix == ".json":
         data = _parse_json(text, display)
     else:
-        problems = list(_check_includes(path, display, root, seen=set()))
+        files: dict[Path, str] = {}
+        problems = list(_check_includes(path, display, root, seen=files))
         if problems:
             raise ConfigError(problems)
-        data = _parse_hocon(path, display)
+        data = _parse_hocon(ConfigDocument(path, display, {}, key_lines), environment, files)
 
     if not isinstance(data, dict):
         raise ConfigError([Problem(display, 1, (), f"the top level must be an object, got {type_name(data)}")])
-    return ConfigDocument(path, display, data, locate_keys(text))
+    return ConfigDocument(path, display, data, key_lines)
 
 
 def type_name(value: Any) -> str:
@@ -120,9 +131,22 @@ def _parse_json(text: str, display: str) -> Any:
         raise ConfigError([problem]) from e
 
 
-def _parse_hocon(path: Path, display: str) -> Any:
+def _parse_hocon(file: ConfigDocument, environment: bool, files: dict[Path, str]) -> Any:
+    """Parse and resolve ``file`` (its lines known, its data not yet); ``files``: those it includes."""
+    display = file.display
+    tree = _with_pyhocon(display, lambda: ConfigFactory.parse_file(str(file.path), required=True, resolve=False))
+    if not environment:
+        references = environment_references(tree)
+        if references:
+            raise ConfigError(_environment_problems(references, file, files))
+    _with_pyhocon(display, lambda: resolve(tree, environment=environment))
+    return _to_plain(tree)
+
+
+def _with_pyhocon(display: str, step: Callable[[], Any]) -> Any:
+    """Run a pyhocon step; turn what it raises into a `ConfigError` naming the file and line."""
     try:
-        tree = ConfigFactory.parse_file(str(path), required=True, resolve=True)
+        return step()
     except pyparsing.ParseBaseException as e:
         problem = Problem(display, e.lineno, (), f"syntax error: {e.msg} at column {e.col}")
         raise ConfigError([problem]) from e
@@ -134,7 +158,46 @@ def _parse_hocon(path: Path, display: str) -> Any:
         raise ConfigError([Problem(display, line, (), message[:1].lower() + message[1:], hint)]) from e
     except (ConfigException, OSError) as e:
         raise ConfigError([Problem(display, None, (), f"cannot load HOCON: {e}")]) from e
-    return _to_plain(tree)
+    except (AttributeError, TypeError, ValueError, RecursionError) as e:
+        # pyhocon trips over some odd inputs (`a.b += [1]`, a list that refers to itself)
+        message = f"pyhocon cannot read this file: {type(e).__name__}: {e}"
+        raise ConfigError([Problem(display, None, (), message, "simplify its substitutions")]) from e
+
+
+def _environment_problems(
+    references: list[EnvironmentReference], main: ConfigDocument, files: dict[Path, str]
+) -> list[Problem]:
+    """One problem per substitution that would read the environment, at its file and line.
+
+    A substitution pyhocon keeps no text for (``+=``) is placed by its key in the main file.
+    """
+    displays = {}
+    for file, file_display in files.items():
+        try:  # as pyparsing reads it: line ends untouched, tabs expanded, so that offsets match
+            displays[file.read_bytes().decode("utf-8").expandtabs()] = file_display
+        except (OSError, UnicodeDecodeError):
+            continue
+    problems = []
+    for reference in references:
+        key_path = tuple(_unquote(k) if isinstance(k, str) else k for k in reference.key_path)
+        file = displays.get(reference.source, main.display) if reference.source is not None else main.display
+        line = reference.line if reference.source is not None else main.line_of(key_path)
+        if reference.appends:
+            message = f"appends to {reference.variable} with +=, which this file does not define before"
+            hint = f"give {reference.variable} a value before, e.g. {reference.variable} = []"
+        elif reference.null:
+            message = (
+                f"refers to {reference.written}, which this file sets to null (pyhocon then reads the environment)"
+            )
+            hint = "write the value itself"
+        else:
+            message = f"refers to {reference.written}, which this file does not define"
+            hint = f"define {reference.variable} in the file, or write the value itself"
+        message += "; a job sent to a server may not read its environment"
+        problem = Problem(file, line, key_path, message, hint)
+        if problem not in problems:
+            problems.append(problem)
+    return problems
 
 
 def _to_plain(value: Any) -> Any:
@@ -156,12 +219,15 @@ def _unquote(key: str) -> str:
     return key
 
 
-def _check_includes(path: Path, display: str, root: Path, seen: set[Path]) -> Iterator[Problem]:
-    """Yield a problem for each include, in ``path`` or what it includes, that leaves ``root``."""
+def _check_includes(path: Path, display: str, root: Path, seen: dict[Path, str]) -> Iterator[Problem]:
+    """Yield a problem for each include, in ``path`` or what it includes, that leaves ``root``.
+
+    ``seen`` gathers every file read, by real path, with the name messages give it.
+    """
     real = path.resolve()
     if real in seen:
         return
-    seen.add(real)
+    seen[real] = display
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):

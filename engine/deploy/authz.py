@@ -10,6 +10,7 @@ command.
 action      project_admin  org_admin           lead                member
 ==========  =============  ==================  ==================  ==================
 submit      yes            yes                 yes                 no
+byoc        yes            no                  yes                 no
 list        every job      their org's jobs    their org's jobs    their org's jobs
 status      every job      their org's jobs    their org's jobs    their org's jobs
 abort       every job      their org's jobs    their own jobs      no
@@ -19,6 +20,12 @@ clients     yes            yes                 yes                 yes
 shutdown    server, sites  their org's sites   no                  no
 ==========  =============  ==================  ==================  ==================
 
+- ``byoc`` ("bring your own code", NVIDIA FLARE's right of that name) is asked at ``submit`` for
+  a job that brings code of its own: files in an app's ``custom/`` folder, or a dotted path that
+  is not one of flengine's components (`engine.config.job_code_of` lists why). As in FLARE's
+  default policy, leads, who run studies, have it and org admins, who run their organisation's
+  sites, do not: an org admin submits jobs made of flengine's components only. A site still
+  refuses such a job when its own policy says ``allow_custom_code = false``.
 - A job's org is its submitter's org when it was submitted (the job store keeps both).
 - "Their own jobs" are the jobs they submitted. "Their org's jobs" include their own jobs, even
   one submitted while they belonged to another org.
@@ -41,7 +48,7 @@ from engine.errors import SecurityError
 from engine.provision.project import ROLES, SERVER_NAME, Participant
 
 #: Every action an admin command may ask for.
-ACTIONS = ("submit", "list", "status", "abort", "download", "logs", "clients", "shutdown")
+ACTIONS = ("submit", "byoc", "list", "status", "abort", "download", "logs", "clients", "shutdown")
 #: Actions on one job: the caller names the job's submitter and org.
 JOB_ACTIONS = frozenset({"list", "status", "abort", "download", "logs"})
 
@@ -56,6 +63,7 @@ RULES: dict[str, dict[str, Scope]] = {
     "project_admin": dict.fromkeys(ACTIONS, ANY),
     "org_admin": {
         "submit": ANY,
+        "byoc": NONE,
         "list": ORG,
         "status": ORG,
         "abort": ORG,
@@ -66,6 +74,7 @@ RULES: dict[str, dict[str, Scope]] = {
     },
     "lead": {
         "submit": ANY,
+        "byoc": ANY,
         "list": ORG,
         "status": ORG,
         "abort": OWN,
@@ -76,6 +85,7 @@ RULES: dict[str, dict[str, Scope]] = {
     },
     "member": {
         "submit": NONE,
+        "byoc": NONE,
         "list": ORG,
         "status": ORG,
         "abort": NONE,
@@ -96,8 +106,11 @@ _VERBS = {
 }
 _SUMMARIES = {
     "project_admin": "a project_admin may do everything",
-    "org_admin": "an org_admin submits jobs, manages the jobs of their organisation and shuts down its sites",
-    "lead": "a lead submits jobs, manages their own and sees those of their organisation",
+    "org_admin": (
+        "an org_admin submits jobs made of flengine's components, manages the jobs of their organisation"
+        " and shuts down its sites"
+    ),
+    "lead": "a lead submits jobs, their own code included, manages their own and sees those of their organisation",
     "member": "a member sees the jobs of their organisation and their status, read-only",
 }
 _KINDS = ("server", "site", "admin")
@@ -220,6 +233,8 @@ def _refusal(
         if scope == ORG:
             return f"may shut down the sites of their organisation {user.org!r} only"
         return "may not shut down sites or the server"
+    if action == "byoc":
+        return "may not submit jobs that bring their own code (custom/ files, or classes outside flengine's components)"
     verb = _VERBS[action]
     if scope == NONE:
         return f"may not {verb} jobs"

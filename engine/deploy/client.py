@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 
 from engine.cells import Message, Reply, Status
-from engine.config import load_job
+from engine.config import job_code_of, load_job
 from engine.deploy import protocol
 from engine.deploy.archive import archive_digest, unpack_job
 from engine.deploy.audit import AuditLog
@@ -142,11 +142,11 @@ class ClientDaemon:
         folder = self.workspace / job_id
         try:
             job_dir = self._fetch(folder, ref, size, digest)
-            refusal = self.policy.refusal(submitter, org, has_custom_code=_has_custom_code(job_dir))
+            job = load_job(job_dir, build=False, environment=False)  # checked here without running any of it
+            refusal = self.policy.refusal(submitter, org, has_custom_code=bool(job_code_of(job)))
             if refusal:
                 shutil.rmtree(folder, ignore_errors=True)
                 return self._refuse(job_id, submitter, refusal)
-            load_job(job_dir)  # a job that does not load fails here, with its problems, not in the process
         except (FlengineError, OSError) as e:
             shutil.rmtree(folder, ignore_errors=True)
             return self._refuse(job_id, submitter, f"the job could not be prepared: {e}")
@@ -249,8 +249,3 @@ class ClientDaemon:
                 self._status_sent = True
             except (CellError, RuntimeError) as e:  # not connected yet, or the server is away
                 log.debug("status not sent: %s", e)
-
-
-def _has_custom_code(job_dir: Path) -> bool:
-    """Whether the job brings code of its own (any file in an app's ``custom/`` folder)."""
-    return any(path.is_file() for path in job_dir.glob("*/custom/**/*"))

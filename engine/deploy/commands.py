@@ -26,6 +26,7 @@ from typing import Any
 
 from engine.cells import Message, Reply, Status
 from engine.cells.log_limit import REFUSALS
+from engine.config import Job, job_code_of
 from engine.deploy import protocol
 from engine.deploy.archive import archive_digest, pack_job
 from engine.deploy.audit import clip
@@ -284,7 +285,7 @@ class AdminCommands:
                 budget=ByteBudget(size, f"the job archive of {user.name}"),
                 min_throughput=DEFAULT_MIN_THROUGHPUT,
             )
-            return self.daemon.store.submit(archive, user.name, user.org)
+            return self.daemon.store.submit(archive, user.name, user.org, accept=lambda job: _byoc_refusal(user, job))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -386,3 +387,15 @@ def _link(source: Path, dest: Path) -> None:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def _byoc_refusal(user: Participant, job: Job) -> str | None:
+    """Why ``user`` may not submit ``job``: it brings its own code and the user's role may not (byoc)."""
+    code = job_code_of(job)
+    if not code:
+        return None
+    denied = authorize(user, "byoc")
+    if denied is None:
+        return None
+    listed = "; ".join(code[:3]) + (f" and {len(code) - 3} more" if len(code) > 3 else "")
+    return f"the job brings its own code ({listed}): {denied}"

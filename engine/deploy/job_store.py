@@ -29,13 +29,13 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from engine.config import Problem, inspect_job
+from engine.config import Job, Problem, inspect_job
 from engine.deploy.archive import JobArchiveError, archive_digest, unpack_job
 from engine.errors import ConfigError, FlengineError
 
@@ -213,17 +213,24 @@ class JobStore:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock = threading.RLock()
 
-    def submit(self, archive: Path, submitter: str, org: str) -> JobRecord:
+    def submit(
+        self, archive: Path, submitter: str, org: str, accept: Callable[[Job], str | None] | None = None
+    ) -> JobRecord:
         """Store a job archive (copied), unpack it and check the job; record it as SUBMITTED.
+
+        The job is checked without importing or building anything of it and without reading
+        this process's environment: nothing a submitter wrote runs in the server daemon.
 
         Args:
             archive: The zip the admin sent; the caller keeps (and removes) its own copy.
             submitter: The admin's identity.
             org: The admin's organisation.
+            accept: Asked about the checked job before it is stored; a returned reason refuses it.
 
         Raises:
             JobArchiveError: The archive is refused (see `unpack_job`).
             ConfigError: The job has problems; every one is listed, paths relative to the job.
+            JobStoreError: ``accept`` refused the job (its reason).
         """
         job_id = self._free_id()
         staging = self.root / f"{_STAGING_PREFIX}{job_id}"
@@ -236,9 +243,12 @@ class JobStore:
                 folder = unpack_job(stored, staging / JOB_FOLDER)
             except JobArchiveError as e:  # the submitter sees its archive, not the server's staging path
                 raise JobArchiveError(str(e).replace(str(stored), ARCHIVE_FILE)) from e
-            job, problems = inspect_job(folder)
+            job, problems = inspect_job(folder, build=False, environment=False)  # nothing of it runs here
             if job is None:
                 raise ConfigError(_relative(p, folder) for p in problems)
+            refusal = accept(job) if accept is not None else None
+            if refusal:
+                raise JobStoreError(refusal)
             (staging / WORKSPACE_FOLDER).mkdir(mode=0o700)
             record = JobRecord(
                 job_id=job_id,

@@ -271,7 +271,7 @@ class ServerDaemon:
                     self._waiting[record.job_id] = "waiting for a free job port (too many jobs running)"
                     return
             try:
-                job = load_job(self.store.job_folder(record.job_id))
+                job = load_job(self.store.job_folder(record.job_id), build=False, environment=False)
             except FlengineError as e:
                 self._finish(record.job_id, REJECTED, f"the stored job cannot be loaded: {e}")
                 continue

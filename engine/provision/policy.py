@@ -32,8 +32,9 @@ accept_submitters = ["*"]
 # Organisations whose admins' jobs this site runs; "*" for every organisation of the project.
 accept_orgs = ["*"]
 
-# Whether a job may bring its own code (an app's custom/ folder, a training script) to run
-# here. Its code runs with this site's rights: set false to run only code installed here.
+# Whether a job may bring its own code to run here: files in an app's custom/ folder (a
+# training script, a model), or components named outside flengine's own packages (such as
+# os.system). Its code runs with this site's rights: false runs only flengine's components.
 allow_custom_code = true
 """
 

@@ -105,11 +105,14 @@ class ClientJob:
         if not self.cell.wait_connected(self.site_settings.cell.heartbeat_timeout_s):  # else the pull loop retries
             self._check_not_refused()
         self._current_round = None
+        # An app without custom/ still confines task scripts to where custom/ would be: a job may not
+        # run a script it does not bring (one of the site's own Python files, say).
+        custom_dir = self.app.custom_dir if self.app.custom_dir is not None else self.app.folder / "custom"
         context = ExecutorContext(
             self.site,
             self.job_id,
             self.workspace,
-            self.app.custom_dir,
+            custom_dir,
             dict(self.settings),
             components=components,
             cell=self.cell,

@@ -306,7 +306,7 @@ def test_only_the_submitting_lead_may_abort_their_job(
     assert (other_lead.returncode, other_lead.stderr) == (
         1,
         "Error: lead dave may abort their own jobs only; "
-        "a lead submits jobs, manages their own and sees those of their organisation\n",
+        "a lead submits jobs, their own code included, manages their own and sees those of their organisation\n",
     )
     assert still["status"] == "SUBMITTED"
     assert own["status"] == "FINISHED_ABORTED" and own["reason"] == "aborted by bob: abort command"

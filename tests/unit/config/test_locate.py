@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
+import pyhocon.config_parser
 import pytest
 from pyhocon import ConfigFactory, ConfigTree
 
@@ -309,8 +311,29 @@ def test_locate_keys_never_raises_on_a_truncated_config() -> None:
             ],
         ),
         ('{\n  include "root.conf"\n}', [IncludeDirective("root.conf", "plain", False, 2)]),
-        ('# include "x.conf"\na = "include \\"y.conf\\""\ninclude = 3\nb = include', []),
-        ('include file("x.conf"\ninclude nope("y.conf")\ninclude "a" "b"', []),
+        ('a = "include \\"y.conf\\""\ninclude = 3\nb = include\nc = include_all "x"', []),
+        ('include nope("y.conf")\ninclude\n"z.conf"\nx = we include them\ninclude("a")', []),
+        # pyhocon includes "a" before it finds the rest malformed; "x.conf" errs on the safe side
+        (
+            'include file("x.conf"\ninclude "a" "b"',
+            [IncludeDirective("x.conf", "file", False, 1), IncludeDirective("a", "plain", False, 2)],
+        ),
+        # every place pyhocon follows an include, which a lighter scan would miss
+        ('INCLUDE url("http://h")', [IncludeDirective("http://h", "url", False, 1)]),
+        ('include url ( "http://h" )', [IncludeDirective("http://h", "url", False, 1)]),
+        ('x = 1 include "http://h"', [IncludeDirective("http://h", "plain", False, 1)]),
+        ('x = [1, include "http://h"]', [IncludeDirective("http://h", "plain", False, 1)]),
+        ('a = foo//bar include "http://h"', [IncludeDirective("http://h", "plain", False, 1)]),
+        ('a //b = 1, include "http://h"', [IncludeDirective("http://h", "plain", False, 1)]),
+        ('# comment\rinclude "http://h"', [IncludeDirective("http://h", "plain", False, 1)]),
+        ('a = ${"} include "http://h"', [IncludeDirective("http://h", "plain", False, 1)]),
+        ('x = 1 // """\nk //y = 1, include "http://h"\n"""', [IncludeDirective("http://h", "plain", False, 2)]),
+        # reported though pyhocon would not follow it: the safe side
+        ('# include "x.conf"\nd = "include \\"z.conf\\""', [IncludeDirective("x.conf", "plain", False, 1)]),
+        (
+            'include "a\\tb\\u0041"\ninclude\t"c"',
+            [IncludeDirective("a\tb\\u0041", "plain", False, 1), IncludeDirective("c", "plain", False, 2)],
+        ),
     ],
     ids=[
         "plain",
@@ -323,7 +346,19 @@ def test_locate_keys_never_raises_on_a_truncated_config() -> None:
         "nested-in-order",
         "braced-root",
         "not-includes",
-        "malformed",
+        "not-includes-for-pyhocon",
+        "malformed-but-read",
+        "caseless",
+        "spaced-call",
+        "in-a-value",
+        "in-an-array",
+        "after-double-slash-in-a-value",
+        "after-double-slash-in-a-key",
+        "after-a-carriage-return",
+        "after-a-quote-in-a-substitution",
+        "after-a-string-opened-in-a-comment",
+        "in-a-comment",
+        "pyhocon-escapes-and-tabs",
     ],
 )
 def test_find_includes(text: str, expected: list[IncludeDirective]) -> None:
@@ -332,3 +367,35 @@ def test_find_includes(text: str, expected: list[IncludeDirective]) -> None:
 
     # Assert
     assert includes == expected
+
+
+# Pieces of HOCON that change how a scanner sees what follows: comments, strings, substitutions.
+_FRAGMENTS = ['include', 'INCLUDE', ' "h"', '"', "//", "#", "\r", "\n", "${", "}", "=", "a", " ", "\t", ",", "[", "]",
+              "{", "url(", "url", "(", ")", "\\", "required(", "file(", ":", "+=", "1", '"""', "$", "x.y", "/"]  # fmt: skip
+
+
+def _random_texts(count: int) -> list[str]:
+    rng = random.Random(20240611)
+    texts = ["".join(rng.choice(_FRAGMENTS) for _ in range(rng.randint(2, 12))) for _ in range(count)]
+    return [text for text in texts if "include" in text.lower()]
+
+
+def test_find_includes_finds_every_include_pyhocon_follows(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pyhocon itself is the oracle: every file, URL or package it would read is recorded instead.
+    reads: list[str] = []
+    factory, parser = pyhocon.config_parser.ConfigFactory, pyhocon.config_parser.ConfigParser
+    monkeypatch.setattr(factory, "parse_URL", classmethod(lambda cls, url, **_: reads.append(url) or []))
+    monkeypatch.setattr(factory, "parse_file", classmethod(lambda cls, name, *_, **__: reads.append(name) or []))
+    monkeypatch.setattr(parser, "resolve_package_path", classmethod(lambda cls, name: reads.append(name) or "/none"))
+    missed = []
+
+    for text in _random_texts(1000):
+        reads.clear()
+        try:
+            ConfigFactory.parse_string(text, basedir="", resolve=False)
+        except Exception:  # noqa: BLE001, S110 - most random texts are malformed; pyhocon reads before it fails
+            pass
+        found = {include.target for include in find_includes(text)}
+        missed += [(text, read) for read in reads if read not in found]
+
+    assert missed == []

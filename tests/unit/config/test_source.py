@@ -88,6 +88,12 @@ def test_json_is_read_as_json(tmp_path: Path) -> None:
         ),
         pytest.param(
             "a.conf",
+            'x = [1]\ny = 2 INCLUDE url ("https://example.invalid/x.conf")\n',
+            "a.conf:2: include url('https://example.invalid/x.conf'): only files inside the job folder may be included",
+            id="include-in-a-value-any-case",
+        ),
+        pytest.param(
+            "a.conf",
             'include required(file("/etc/hostname"))\n',
             "a.conf:1: include file('/etc/hostname') reaches outside the job folder {root!r} (copy the shared file into the job folder)",
             id="include-absolute",

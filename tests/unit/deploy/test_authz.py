@@ -19,6 +19,7 @@ from engine.provision.kit import participants_file_text
 EXPECTED = """
 action    target       project_admin  org_admin  lead  member
 submit    -            yes            yes        yes   no
+byoc      -            yes            no         yes   no
 list      -            yes            yes        yes   yes
 list      own          yes            yes        yes   yes
 list      same-org     yes            yes        yes   yes
@@ -97,6 +98,13 @@ def test_each_role_may_do_what_the_table_says(role: str, action: str, target: st
         ),
         ("member", "submit", {}, "member carol may not submit jobs; a member sees"),
         (
+            "org_admin",
+            "byoc",
+            {},
+            "org_admin carol may not submit jobs that bring their own code (custom/ files, or classes outside"
+            " flengine's components); an org_admin submits jobs made of flengine's components",
+        ),
+        (
             "lead",
             "download",
             {"job_submitter": "dave", "job_org": "org-a"},
@@ -119,6 +127,7 @@ def test_each_role_may_do_what_the_table_says(role: str, action: str, target: st
     ids=[
         "member-abort",
         "member-submit",
+        "org-admin-byoc",
         "lead-download-other",
         "lead-status-other-org",
         "org-admin-server",
@@ -152,7 +161,7 @@ def test_the_server_and_sites_are_refused_every_admin_action(kind: str, action: 
 @pytest.mark.parametrize("role", ROLES)
 def test_an_unknown_action_is_refused(role: str) -> None:
     assert authorize(admin(role), "delete_everything") == (
-        "unknown action 'delete_everything'; the actions are submit, list, status, abort, download, logs, clients, shutdown"
+        "unknown action 'delete_everything'; the actions are submit, byoc, list, status, abort, download, logs, clients, shutdown"
     )
 
 

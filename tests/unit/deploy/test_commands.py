@@ -357,3 +357,19 @@ def test_refusal_log_lines_are_rate_limited(
 
     assert len(caplog.records) == DEFAULT_BURST
     assert len(read(daemon.audit.path)) == DEFAULT_BURST + 30  # the audit log keeps every one
+
+
+def test_a_job_that_brings_its_own_code_needs_the_byoc_right() -> None:
+    from engine.config import load_job
+    from engine.deploy.commands import _byoc_refusal
+    from engine.provision.project import Participant
+
+    job = load_job(Path(__file__).resolve().parents[3] / "jobs" / "fedavg", build=False, environment=False)
+    org_admin = Participant("olga", "admin", "hospital-a", "org_admin")
+    lead = Participant("bob", "admin", "hospital-a", "lead")
+
+    refusal = _byoc_refusal(org_admin, job)
+
+    assert refusal is not None and refusal.startswith("the job brings its own code (app/custom/ (")
+    assert "org_admin olga may not" in refusal
+    assert _byoc_refusal(lead, job) is None
