@@ -138,18 +138,19 @@ def test_a_failed_download_frees_the_site_for_a_retry(
 
 
 @pytest.mark.parametrize(
-    ("record", "taken"),
-    [
-        (job("RUNNING"), True),
-        (job("FINISHED_COMPLETED", ended_s_ago=10), True),
-        (job("FINISHED_ABORTED", ended_s_ago=results.RESULTS_GRACE_S + 10), False),
-        (job("FINISHED_COMPLETED"), False),  # final with no end time: nothing more is taken
+    ("make", "taken"),
+    [  # records made when the test runs: a suite's collection can be minutes before it
+        (lambda: job("RUNNING"), True),
+        (lambda: job("FINISHED_COMPLETED", ended_s_ago=10), True),
+        (lambda: job("FINISHED_ABORTED", ended_s_ago=results.RESULTS_GRACE_S + 10), False),
+        (lambda: job("FINISHED_COMPLETED"), False),  # final with no end time: nothing more is taken
     ],
     ids=["running", "just-ended", "ended-long-ago", "no-end-time"],
 )
 def test_results_are_taken_only_while_the_job_runs_or_just_ended(
-    downloads: FakeDownloads, site_results: tuple[Path, str], workspace: Path, record: JobRecord, taken: bool
+    downloads: FakeDownloads, site_results: tuple[Path, str], workspace: Path, make, taken: bool
 ) -> None:
+    record = make()
     if taken:
         assert results.take_results(ENDPOINT, "site-1", header(site_results), workspace / "site-1", job=record)
     else:
