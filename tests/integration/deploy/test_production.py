@@ -253,6 +253,7 @@ def test_a_reprovisioned_server_kit_is_picked_up_without_a_restart(deployment: D
     assert "the key of 'site-1' is no longer on the allowlist" in log
 
 
+@pytest.mark.slow  # the simulator's test of jobs/fedavg covers the training; this one the same job deployed
 def test_jobs_fedavg_trains_the_digits_model_to_90_percent_in_production_mode(
     deployment: Deployment, tmp_path: Path
 ) -> None:
