@@ -16,6 +16,7 @@ import glob
 import json
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,10 +144,17 @@ def _parse_hocon(file: ConfigDocument, environment: bool, files: dict[Path, str]
     return _to_plain(tree)
 
 
+#: pyhocon changes pyparsing's global whitespace settings while it parses, so two threads
+#: parsing at once (two submits, or a submit while the scheduler loads a job) can misparse a
+#: valid file: every pyhocon step runs under this lock.
+_PYHOCON_LOCK = threading.Lock()
+
+
 def _with_pyhocon(display: str, step: Callable[[], Any]) -> Any:
-    """Run a pyhocon step; turn what it raises into a `ConfigError` naming the file and line."""
+    """Run a pyhocon step (one at a time); turn what it raises into a `ConfigError` naming the file and line."""
     try:
-        return step()
+        with _PYHOCON_LOCK:
+            return step()
     except pyparsing.ParseBaseException as e:
         problem = Problem(display, e.lineno, (), f"syntax error: {e.msg} at column {e.col}")
         raise ConfigError([problem]) from e

@@ -28,7 +28,7 @@ from engine.cells import Message, Reply, Status
 from engine.cells.log_limit import REFUSALS
 from engine.config import Job, job_code_of
 from engine.deploy import protocol
-from engine.deploy.archive import archive_digest, pack_job
+from engine.deploy.archive import JobArchiveError, archive_digest, pack_job
 from engine.deploy.audit import clip
 from engine.deploy.authz import authorize, visible
 from engine.deploy.job_store import JobRecord
@@ -182,7 +182,11 @@ class AdminCommands:
                 job=record.job_id,
             )
         try:
-            archive, digest = self._results_of(record, folder / "results.zip")
+            try:
+                archive, digest = self._results_of(record, folder / "results.zip")
+            except JobArchiveError as e:  # the admin sees the job's folders, not where the server keeps them
+                workspace = str(self.daemon.store.workspace(record.job_id))
+                raise JobArchiveError(str(e).replace(workspace, f"job {record.job_id}")) from e
             size = archive.stat().st_size
             ref = self.daemon.endpoint.service.add_file(
                 archive, protocol.ARCHIVE_CHUNK_BYTES, [message.source], DOWNLOAD_TIMEOUT_S, owned_folder=folder
