@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -174,6 +173,7 @@ def _record(
 
 def run_poc_point(point: Point, keep: bool = False) -> dict[str, Any]:
     """The job in production mode on this machine: provision, start the daemons, submit, sample."""
+    from engine.deploy.poc.prepare import free_port_block
     from engine.provision import load_project, provision
 
     root = Path(tempfile.mkdtemp(prefix="flengine-bench-poc-"))
@@ -181,7 +181,7 @@ def run_poc_point(point: Point, keep: bool = False) -> dict[str, Any]:
     try:
         job = write_job(root / "job", point)
         sites = [f"site-{k}" for k in range(1, point.clients + 1)]
-        port = _free_port_block(11)
+        port = free_port_block(11)
         listed = ", ".join(f"{{ name = {site}, org = org-{site} }}" for site in sites)
         project = root / "project.conf"
         project.write_text(
@@ -258,24 +258,6 @@ def _wait_connected(root: Path, sites: list[str], timeout_s: float = 60.0) -> No
             return
         time.sleep(0.5)
     raise RuntimeError(f"sites not connected within {timeout_s:g} s")
-
-
-def _free_port_block(count: int) -> int:
-    """A port p such that p .. p + count - 1 are free on 127.0.0.1 now."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65000:
-            continue
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free block of ports")
 
 
 def write_job(folder: Path, point: Point) -> Path:

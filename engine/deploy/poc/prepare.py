@@ -161,6 +161,17 @@ def taken_ports(host: str, first: int, count: int) -> list[int]:
     return taken
 
 
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """A port p such that p .. p + count - 1 are free on ``host`` now (a server and its job ports)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            first = probe.getsockname()[1]
+        if first + count <= 65000 and not taken_ports(host, first, count):
+            return first
+    raise PocError(f"no block of {count} free ports on {host}")
+
+
 def check_ports_free(host: str, first: int, poc: PocFolder, command: str) -> None:
     """Raise `PocError` naming the ports of the server's block that are taken, and how to choose another."""
     taken = taken_ports(host, first, PORT_SPAN)

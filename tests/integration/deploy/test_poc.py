@@ -17,8 +17,8 @@ import pytest
 
 from engine.deploy.admin import AdminSession
 from engine.deploy.pidfile import ProcessRecord, process_start, read_pid_file, write_pid_file
+from engine.deploy.poc.prepare import free_port_block
 from engine.provision import load_kit
-from tests.integration.deploy.test_production import free_port_block
 from tests.integration.runtime.conftest import processes_mentioning
 from tests.integration.runtime.jobkit import make_bench_job
 

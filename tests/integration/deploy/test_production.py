@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,34 +18,12 @@ import torch
 from safetensors.torch import load_file
 
 from engine.config import job_code_on_path
+from engine.deploy.poc.prepare import free_port_block
 from engine.provision import load_project, provision
 from tests.integration.runtime.jobkit import expected_delta, make_bench_job
 
 ROOT = Path(__file__).resolve().parents[3]
 SITES = ("site-1", "site-2")
-
-
-def free_port_block(count: int) -> int:
-    """A port p such that p .. p + count - 1 are free on 127.0.0.1 now."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65000:
-            continue
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError("no free block of ports")
 
 
 class Deployment:
