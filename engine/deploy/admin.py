@@ -21,10 +21,10 @@ from engine.config import validate_job
 from engine.deploy import protocol
 from engine.deploy.archive import archive_digest, pack_job, unpack_job
 from engine.deploy.console import printable
+from engine.deploy.transfer import pull_archive
 from engine.errors import CellError, ConfigError, FlengineError, SecurityError, UsageError
 from engine.provision import Kit
 from engine.site import SiteEndpoint, SiteSettings
-from engine.streaming.service import ByteBudget, download_file
 
 #: Seconds an admin session waits for the server to accept its connection.
 CONNECT_TIMEOUT_S = 10.0
@@ -148,16 +148,15 @@ class AdminSession:
         target.parent.mkdir(parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="flengine-download-"))
         try:
-            archive = download_file(
+            archive = pull_archive(
                 self.endpoint.cell,
                 self.kit.server.name,
                 str(answer["ref"]),
                 folder / "results.zip",
-                per_request_timeout_s=60.0,
-                budget=ByteBudget(size, f"the results of job {job_id}"),
+                size,
+                str(answer.get("digest")),
+                f"the results of job {job_id}",
             )
-            if archive_digest(archive) != answer.get("digest"):
-                raise AdminError("download: the archive does not match the digest the server announced")
             return unpack_job(
                 archive, target, max_files=protocol.RESULTS_MAX_FILES, max_bytes=protocol.RESULTS_MAX_BYTES
             )

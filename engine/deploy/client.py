@@ -21,16 +21,16 @@ from pathlib import Path
 from engine.cells import Message, Reply, Status
 from engine.config import job_code_of, load_job
 from engine.deploy import protocol
-from engine.deploy.archive import archive_digest, unpack_job
+from engine.deploy.archive import unpack_job
 from engine.deploy.audit import AuditLog
 from engine.deploy.folders import private_folder
 from engine.deploy.job_process import JobProcess
 from engine.deploy.results import offer_results
+from engine.deploy.transfer import pull_archive
 from engine.errors import CellError, FlengineError, UsageError
 from engine.provision import Kit
 from engine.provision.policy import POLICY_FILE, SitePolicy, load_site_policy
 from engine.site import SiteEndpoint, SiteSettings
-from engine.streaming.service import ByteBudget, download_file
 
 log = logging.getLogger(__name__)
 
@@ -187,16 +187,9 @@ class ClientDaemon:
     def _fetch(self, folder: Path, ref: str, size: int, digest: str) -> Path:
         """Download the job archive, check its digest, unpack it; return the job folder."""
         folder.mkdir(mode=0o700)
-        archive = download_file(
-            self.endpoint.cell,
-            self.kit.server.name,
-            ref,
-            folder / "job.zip",
-            per_request_timeout_s=60.0,
-            budget=ByteBudget(size, "a job archive"),
+        archive = pull_archive(
+            self.endpoint.cell, self.kit.server.name, ref, folder / "job.zip", size, digest, "the job archive"
         )
-        if archive_digest(archive) != digest:
-            raise FlengineError("the job archive does not match the digest the server announced")
         return unpack_job(archive, folder / "job")
 
     def _on_abort(self, message: Message) -> Reply:

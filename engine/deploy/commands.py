@@ -34,9 +34,9 @@ from engine.deploy.authz import authorize, visible
 from engine.deploy.job_store import JobRecord
 from engine.deploy.results import results_settled
 from engine.deploy.server import ServerDaemon, reply_json
+from engine.deploy.transfer import pull_archive
 from engine.errors import FlengineError
 from engine.provision.project import Participant
-from engine.streaming.service import DEFAULT_MIN_THROUGHPUT, ByteBudget, download_file
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,13 @@ class AdminCommands:
         denied = authorize(user, "submit")
         if denied:
             return self._refuse(user.name, "submit", denied)
-        ref, size = message.header.get("ref"), message.header.get("size")
-        if not isinstance(ref, str) or type(size) is not int or not 0 < size <= protocol.MAX_JOB_ARCHIVE_BYTES:
+        ref, size, digest = message.header.get("ref"), message.header.get("size"), message.header.get("digest")
+        if (
+            not isinstance(ref, str)
+            or not isinstance(digest, str)
+            or type(size) is not int
+            or not 0 < size <= protocol.MAX_JOB_ARCHIVE_BYTES
+        ):
             return self._refuse(
                 user.name, "submit", f"a job archive of 1 to {protocol.MAX_JOB_ARCHIVE_BYTES} bytes is expected"
             )
@@ -111,7 +116,7 @@ class AdminCommands:
         if busy:
             return self._refuse(user.name, "submit", busy)
         try:
-            record = self._receive_job(user, message.source, ref, size)
+            record = self._receive_job(user, message.source, ref, size, digest)
         finally:
             with self._lock:
                 self._submitting[user.name] -= 1
@@ -276,19 +281,12 @@ class AdminCommands:
             self._submitting[admin] = running + 1
         return None
 
-    def _receive_job(self, user: Participant, source: str, ref: str, size: int) -> JobRecord:
+    def _receive_job(self, user: Participant, source: str, ref: str, size: int, digest: str) -> JobRecord:
         """Pull the job archive ``ref`` of ``size`` bytes from the admin's cell and store the job."""
         folder = Path(tempfile.mkdtemp(prefix="submit-", dir=self.daemon.workspace))
         try:
-            archive = download_file(
-                self.daemon.endpoint.cell,
-                source,
-                ref,
-                folder / "job.zip",
-                per_request_timeout_s=60.0,
-                budget=ByteBudget(size, f"the job archive of {user.name}"),
-                min_throughput=DEFAULT_MIN_THROUGHPUT,
-            )
+            what = f"the job archive of {user.name}"
+            archive = pull_archive(self.daemon.endpoint.cell, source, ref, folder / "job.zip", size, digest, what)
             return self.daemon.store.submit(archive, user.name, user.org, accept=lambda job: _byoc_refusal(user, job))
         finally:
             shutil.rmtree(folder, ignore_errors=True)

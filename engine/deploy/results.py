@@ -6,7 +6,7 @@ its "job ended" message; the server pulls it into the job's workspace next to it
 with the server's. Nothing is taken that the server did not expect: only from a site the job ran
 on, while the job runs or for `RESULTS_GRACE_S` after it ended, once per site (claimed
 atomically, so that concurrent announcements of one site cost one download), at most
-`MAX_RESULTS_BYTES` at no less than `DEFAULT_MIN_THROUGHPUT`, checked against the announced
+`MAX_RESULTS_BYTES` at no less than the engine's throughput floor, checked against the announced
 digest and unpacked with the archive checks (no ``..``, no links).
 """
 
@@ -23,9 +23,9 @@ from typing import Any
 from engine.deploy import protocol
 from engine.deploy.archive import archive_digest, pack_job, unpack_job
 from engine.deploy.job_store import RESULTS_CLAIM_PREFIX, JobRecord
+from engine.deploy.transfer import pull_archive
 from engine.errors import FlengineError
 from engine.site import SiteEndpoint
-from engine.streaming.service import DEFAULT_MIN_THROUGHPUT, ByteBudget, download_file
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def take_results(
     Raises:
         FlengineError: The announcement is malformed, too big or too late, the site's results
             are being taken or were taken, the download failed or was slower than
-            `DEFAULT_MIN_THROUGHPUT` on average, the digest differs, or the archive breaks the
+            the engine's throughput floor, the digest differs, or the archive breaks the
             archive rules; ``dest`` is not created.
     """
     ref, size, digest = header.get("ref"), header.get("size"), header.get("digest")
@@ -120,17 +120,9 @@ def take_results(
     try:
         if dest.exists():
             raise FlengineError(f"results for {dest.name} were taken already")
-        archive = download_file(
-            endpoint.cell,
-            source,
-            ref,
-            claim / "results.zip",
-            per_request_timeout_s=60.0,
-            budget=ByteBudget(size, f"the results of {source}"),
-            min_throughput=DEFAULT_MIN_THROUGHPUT,
+        archive = pull_archive(
+            endpoint.cell, source, ref, claim / "results.zip", size, digest, f"the results of {source}"
         )
-        if archive_digest(archive) != digest:
-            raise FlengineError("the results archive does not match its announced digest")
         return unpack_job(archive, dest, max_bytes=MAX_RESULTS_BYTES)
     finally:
         shutil.rmtree(claim, ignore_errors=True)

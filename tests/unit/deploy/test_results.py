@@ -113,6 +113,19 @@ def test_results_are_pulled_from_the_site_into_the_job_workspace(
     assert sorted(p.name for p in workspace.iterdir()) == ["site-1"]  # the claim is gone
 
 
+def test_results_that_do_not_match_their_announced_digest_are_refused_and_leave_nothing(
+    network: Network, site: SiteEndpoint, site_results: Path, workspace: Path
+) -> None:
+    header = {**announce(site, site_results), "digest": "0" * 64}
+
+    with pytest.raises(
+        FlengineError, match="^the results of site-1: its sha256 differs from the one its sender announced$"
+    ):
+        results.take_results(network.server, "site-1", header, workspace / "site-1")
+
+    assert list(workspace.iterdir()) == []  # nothing unpacked, no claim left
+
+
 def test_concurrent_announcements_of_one_site_cost_one_download(
     network: Network, site: SiteEndpoint, site_results: Path, workspace: Path
 ) -> None:
