@@ -70,15 +70,28 @@ class Point:
     workflow: str = "fedavg"
     insecure: bool = False
     mode: str = "sim"
+    aggregator: str = "fedavg"
 
     @property
     def label(self) -> str:
         disk = "on" if self.download_to_disk else "off"
         security = "insecure" if self.insecure else "curve"
+        aggregator = f" aggregator={self.aggregator}" if self.aggregator != "fedavg" else ""
         return (
             f"{self.mode} {self.workflow} {self.size_mb}MiB x{self.clients} disk={disk} "
-            f"chunk={self.chunk_mb:g}MiB {security}"
+            f"chunk={self.chunk_mb:g}MiB {security}{aggregator}"
         )
+
+
+#: The robust aggregators `--aggregator` picks for FedAvg (BenchNet's clients are honest: the
+#: parameters make each one aggregate every result, so the model can still be checked).
+AGGREGATORS: dict[str, dict[str, Any] | None] = {
+    "fedavg": None,
+    "clip": {"path": "engine.aggregators.NormClippingAggregator", "args": {"max_norm": 1e12}},
+    "median": {"path": "engine.aggregators.CoordinateMedianAggregator", "args": {}},
+    "trimmed": {"path": "engine.aggregators.TrimmedMeanAggregator", "args": {"trim_fraction": 0.25}},
+    "krum": {"path": "engine.aggregators.KrumAggregator", "args": {"num_byzantine": 0, "num_selected": 2}},
+}
 
 
 @dataclass
@@ -97,7 +110,8 @@ class Peaks:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     points = [
-        Point(size, clients, disk == "on", chunk, args.rounds, workflow, security == "insecure", mode)
+        Point(size, clients, disk == "on", chunk, args.rounds, workflow, security == "insecure", mode, aggregator)
+        for aggregator in args.aggregator
         for mode in args.mode
         for security in args.security
         for workflow in args.workflow
@@ -303,8 +317,12 @@ def write_job(folder: Path, point: Point) -> Path:
         client_components = f"[{persistor}\n {aggregator}\n {generator}]"
     else:
         args = {"num_clients": point.clients, "num_rounds": point.rounds, "download_to_disk": point.download_to_disk}
-        workflows = f"[{{ id = fedavg, path = engine.workflows.FedAvg, args = {json.dumps(args)} }}]"
         server_components = f"[{persistor}]"
+        robust = AGGREGATORS[point.aggregator]
+        if robust is not None:
+            args["aggregator_id"] = "robust"
+            server_components = f"[{persistor}\n {json.dumps({'id': 'robust', **robust})}]"
+        workflows = f"[{{ id = fedavg, path = engine.workflows.FedAvg, args = {json.dumps(args)} }}]"
         executors = f'[{{ tasks = ["*"], executor {{ {script} }} }}]'
         client_components = "[]"
     (folder / "app" / "config" / "config_fed_server.conf").write_text(
@@ -317,10 +335,30 @@ def write_job(folder: Path, point: Point) -> Path:
     return folder
 
 
+def round_delta(point: Point) -> float:
+    """What one round adds to every parameter: client k adds ``k * 0.001`` with weight ``k * 100``.
+
+    FedAvg (and clipping with a bound no update reaches): the weighted mean; the median and the
+    trimmed mean: unweighted, over the clients' values; multi-Krum: the weighted mean of the
+    ``num_selected`` clients in the middle (the ones nearest to the others).
+    """
+    ks = list(range(1, point.clients + 1))
+    if point.aggregator == "median":
+        return float(torch.tensor(ks, dtype=torch.float64).quantile(0.5)) * 0.001
+    if point.aggregator == "trimmed":
+        cut = int(AGGREGATORS["trimmed"]["args"]["trim_fraction"] * len(ks))  # type: ignore[index]
+        kept = ks[cut : len(ks) - cut]
+        return sum(kept) / len(kept) * 0.001
+    if point.aggregator == "krum":
+        selected = AGGREGATORS["krum"]["args"]["num_selected"]  # type: ignore[index]
+        start = (len(ks) - selected) // 2
+        ks = ks[start : start + selected]
+    return sum(k * 0.001 * k * 100 for k in ks) / sum(k * 100 for k in ks)
+
+
 def check_model(path: Path, point: Point) -> tuple[bool, float]:
-    """Whether every parameter equals ``init + R * D`` within 1e-6; and the largest error."""
-    ks = range(1, point.clients + 1)
-    delta = point.rounds * sum(k * 0.001 * k * 100 for k in ks) / sum(k * 100 for k in ks)
+    """Whether every parameter equals ``init + R * D`` within 1e-6 (D: `round_delta`); and the largest error."""
+    delta = point.rounds * round_delta(point)
     if not path.exists():
         return False, float("inf")
     worst = 0.0
@@ -459,7 +497,7 @@ def _row(run: dict[str, Any]) -> str:
     rounds = " / ".join(f"{s:.1f}" for s in run["round_s"]) or "-"
     status = "yes" if run["correct"] else f"NO ({run['status']}, max error {run['max_abs_error']:.2e})"
     return (
-        f"| {run.get('mode', 'sim')} | {run.get('workflow', 'fedavg')} "
+        f"| {run.get('mode', 'sim')} | {run.get('workflow', 'fedavg')}{_aggregator(run)} "
         f"| {'insecure' if run.get('insecure') else 'CURVE'} "
         f"| {run['size_mb']} MiB | {run['clients']} "
         f"| {'on' if run['download_to_disk'] else 'off'} "
@@ -467,6 +505,11 @@ def _row(run: dict[str, Any]) -> str:
         f"| {gb(run['tree_peak_rss_mb'])} | {gb(run['download_dir_peak_mb'])} | {rounds} "
         f"| {run['seconds']:.1f} s | {status} |"
     )
+
+
+def _aggregator(run: dict[str, Any]) -> str:
+    aggregator = run.get("aggregator", "fedavg")
+    return "" if aggregator == "fedavg" else f" ({aggregator})"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -486,6 +529,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--mode", choices=["sim", "poc"], nargs="+", default=["sim"],
         help="sim: flengine run (default); poc: production mode on this machine (daemons, flengine admin submit)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--aggregator", choices=sorted(AGGREGATORS), nargs="+", default=["fedavg"],
+        help="FedAvg's aggregator: the weighted mean (default) or a robust one (see AGGREGATORS)",
     )  # fmt: skip
     parser.add_argument("--out", help="write the JSON here (rewritten after every run)")
     parser.add_argument("--keep", action="store_true", help="keep each run's job and workspace")

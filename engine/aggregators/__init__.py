@@ -8,18 +8,32 @@ from engine.aggregators.aggregator import (
     check_max_local_steps,
 )
 from engine.aggregators.check import check_params_match
+from engine.aggregators.clipping import NormClippingAggregator
+from engine.aggregators.coordinate import CoordinateMedianAggregator, TrimmedMeanAggregator
+from engine.aggregators.dxo_adapter import ModelAggregatorAsDXO
 from engine.aggregators.dxo_aggregator import DXOAggregator, InTimeAccumulateWeightedAggregator
+from engine.aggregators.kept import KeptResultsAggregator
+from engine.aggregators.krum import KrumAggregator
+from engine.aggregators.rules import ResultRules, check_metric_ranges
 from engine.aggregators.weighted import WeightedAggregationHelper, release_values, resolve_value
 
 __all__ = [
     "DEFAULT_MAX_LOCAL_STEPS",
     "Aggregator",
+    "CoordinateMedianAggregator",
     "DXOAggregator",
     "InTimeAccumulateWeightedAggregator",
+    "KeptResultsAggregator",
+    "KrumAggregator",
     "ModelAggregator",
+    "ModelAggregatorAsDXO",
+    "NormClippingAggregator",
+    "TrimmedMeanAggregator",
+    "ResultRules",
     "WeightedAggregationHelper",
     "WeightedModelAggregator",
     "check_max_local_steps",
+    "check_metric_ranges",
     "check_params_match",
     "release_values",
     "resolve_value",

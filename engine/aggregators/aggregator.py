@@ -12,6 +12,7 @@ import math
 import numbers
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from engine.aggregators.weighted import WeightedAggregationHelper, release_values
@@ -50,6 +51,11 @@ class Aggregator(ABC):
     def reset(self) -> None:
         """Forget every accepted result."""
 
+    def start_round(  # noqa: B027 - optional hook, nothing to do by default
+        self, current_round: int, load_global: Callable[[], Mapping[str, Any]]
+    ) -> None:
+        """Called by the workflow before a round's first result arrives (see `ModelAggregator.start_round`)."""
+
 
 class ModelAggregator(ABC):
     """Accepts `FLModel` results one by one and folds them into one `FLModel` (the FedAvg path).
@@ -82,6 +88,18 @@ class ModelAggregator(ABC):
     @abstractmethod
     def reset_stats(self) -> None:
         """Forget every accepted model."""
+
+    def start_round(  # noqa: B027 - optional hook, nothing to do by default
+        self, current_round: int, load_global: Callable[[], Mapping[str, Any]]
+    ) -> None:
+        """Called by the workflow before a round's first result arrives.
+
+        Args:
+            current_round: The round that starts.
+            load_global: Gives the global model's params the clients were sent this round
+                (name -> tensor, read from the persistor on each call: call it only when the
+                aggregation needs them, e.g. to clip updates of FULL results).
+        """
 
 
 def check_aggregation_weights(aggregation_weights: dict[str, float] | None) -> dict[str, float]:

@@ -90,6 +90,15 @@ class BroadcastRule(TaskRule):
         self.wait_time_after_min_received = wait_time_after_min_received
         self.forever = forever
         self._min_reached_at: float | None = None
+        # Results whose result callback still runs: not usable until it has accepted them, so a
+        # site whose result is about to be refused cannot end the task before the others answer.
+        self._checking: set[int] = set()
+
+    def on_result(self, client_task: ClientTask) -> None:
+        self._checking.add(id(client_task))
+
+    def on_closed(self, client_task: ClientTask, now: float) -> None:
+        self._checking.discard(id(client_task))
 
     def may_send(self, task: Task, client: str, dead: Set[str], now: float) -> bool:
         if client not in (task.targets or ()):
@@ -102,13 +111,19 @@ class BroadcastRule(TaskRule):
             return None
         targets = task.targets or []
         # Only usable results count: an error result, or one the workflow refused, does not.
-        responded = sum(ct.status is TaskCompletionStatus.OK for ct in task.client_tasks)
+        responded = sum(
+            ct.status is TaskCompletionStatus.OK and id(ct) not in self._checking for ct in task.client_tasks
+        )
         required = self.min_responses or len(targets)
         could_answer = sum(
             1
             for target in targets
             if target not in dead
-            and (target not in task.last_client_task_map or task.last_client_task_map[target].status is None)
+            and (
+                target not in task.last_client_task_map
+                or task.last_client_task_map[target].status is None
+                or id(task.last_client_task_map[target]) in self._checking
+            )
         )
         if responded >= required:
             if self._min_reached_at is None:

@@ -20,11 +20,11 @@ from engine.cells import Status
 from engine.config import validate_job
 from engine.deploy import protocol
 from engine.deploy.archive import archive_digest, pack_job, unpack_job
-from engine.deploy.console import printable
 from engine.deploy.transfer import pull_archive
 from engine.errors import CellError, ConfigError, FlengineError, SecurityError, UsageError
 from engine.provision import Kit
 from engine.site import SiteEndpoint, SiteSettings
+from engine.text import printable
 
 #: Seconds an admin session waits for the server to accept its connection.
 CONNECT_TIMEOUT_S = 10.0

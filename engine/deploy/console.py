@@ -20,6 +20,7 @@ from typing import Any
 
 from engine.deploy.folders import private_folder
 from engine.provision import Kit, load_kit
+from engine.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -119,22 +120,6 @@ def _usage(message: str) -> Exception:
     from engine.errors import UsageError
 
     return UsageError(message)
-
-
-def printable(text: str) -> str:
-    """``text`` with every character a terminal would act on written as an escape (``\\x1b``, ``\\u202e``).
-
-    Control characters (ESC, CR, newline...), format characters (bidirectional overrides) and
-    other unprintable ones are escaped; tabs and everything printable stay.
-    """
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() or ch == "\t" else _escape(ch) for ch in text)
-
-
-def _escape(ch: str) -> str:
-    code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _say(text: str) -> None:

@@ -42,7 +42,7 @@ from engine.model import (
     model_from_shareable,
     shareable_from_model,
 )
-from engine.paths import path_inside
+from engine.paths import JobPaths, path_inside
 from engine.site import SiteEndpoint
 from engine.streaming.lazy import LazyRef
 
@@ -61,7 +61,9 @@ class ClientAPIExecutor(Executor):
 
     Args:
         task_script_path: The script, relative to the app's ``custom/`` folder, which it must not
-            leave (symlinks are followed; ``..`` and absolute paths elsewhere are refused).
+            leave (symlinks are followed; ``..`` and absolute paths elsewhere are refused, by
+            `use_job_paths` at job start where the runtime calls it, and always by `initialize`,
+            before the first task).
         task_script_args: Its command-line arguments, split like a shell would
             (``"--epochs 1 --lr 0.01"``); the script sees them in ``sys.argv``.
         execution_mode: ``in_process``: a thread of the client process (shares its memory, no
@@ -94,10 +96,19 @@ class ClientAPIExecutor(Executor):
         self._runner: _ScriptRunner | None = None
         self._one_task_at_a_time = threading.Lock()
 
+    def use_job_paths(self, paths: JobPaths) -> None:
+        """Check ``task_script_path`` against the app's ``custom/`` folder (the runtime calls it at job start).
+
+        Raises:
+            PathOutsideError: The script (symlinks resolved) lies outside ``custom/``; the message
+                names ``task_script_path``.
+        """
+        _script_in(paths.custom_dir, self.task_script_path)
+
     def initialize(self, context: ExecutorContext) -> None:
         script = Path(self.task_script_path)
         if context.custom_dir is not None:  # a job's script stays in its custom/ folder, symlinks included
-            script = path_inside(context.custom_dir, script, "task_script_path", "the app's custom/ folder")
+            script = _script_in(context.custom_dir, self.task_script_path)
         if not script.is_file():
             raise FileNotFoundError(
                 f"task_script_path: {self.task_script_path!r} not found (looked for {script}); "
@@ -151,6 +162,11 @@ class ClientAPIExecutor(Executor):
                 return problem
             if deadline is not None and time.monotonic() > deadline:
                 return f"the script returned no result within task_timeout_s={self.task_timeout_s}"
+
+
+def _script_in(custom_dir: Path, task_script_path: str) -> Path:
+    """``task_script_path`` resolved in ``custom_dir``; `PathOutsideError` if it leads out."""
+    return path_inside(custom_dir, task_script_path, "task_script_path", "the app's custom/ folder")
 
 
 def _task_model(shareable: Shareable) -> FLModel:

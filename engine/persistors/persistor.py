@@ -17,7 +17,9 @@ class ModelPersistor(ABC):
 
     The runtime calls `use_workspace` and then `use_job_paths` before the workflow runs;
     checkpoints then go to ``<app_dir>/models``, and any path the persistor's args name is
-    checked against the folders the job may use.
+    checked against the folders the job may use. A file name arg (the checkpoint's) is checked
+    with `engine.paths.plain_file_name` when the persistor is built, and with
+    `engine.paths.no_link_out` in `use_workspace` (a symbolic link must not lead it out).
 
     Example:
         A persistor that starts from zeros and keeps nothing::

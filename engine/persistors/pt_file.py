@@ -17,7 +17,7 @@ import safetensors.torch
 import torch
 
 from engine.model import FLModel, ParamsType
-from engine.paths import JobPaths
+from engine.paths import JobPaths, no_link_out, plain_file_name
 from engine.persistors.checkpoint_files import (
     TEMP_SUFFIX,
     CheckpointCommits,
@@ -39,8 +39,10 @@ class PTFileModelPersistor(ModelPersistor):
 
     Args:
         model: The model, already built from its ``{path, args}`` config entry.
-        global_model_file_name: File name of the latest global model in the models folder.
-        best_global_model_file_name: File name of the best global model so far, by ``key_metric``.
+        global_model_file_name: File name of the latest global model in the models folder
+            (``<site workspace>/models``): a name alone, no folder, ``..`` or absolute path.
+        best_global_model_file_name: File name of the best global model so far, by ``key_metric``
+            (a name alone, as above).
         key_metric: Metric that decides the best model (higher is better).
         negate_key_metric: Lower is better instead (e.g. a loss).
         source_ckpt_file_full_name: A safetensors file to start from instead of the module's
@@ -51,7 +53,8 @@ class PTFileModelPersistor(ModelPersistor):
 
     Raises:
         TypeError: ``model`` is not a ``torch.nn.Module``.
-        ValueError: A file name is empty or has a folder in it.
+        ValueError: A file name is empty.
+        PathOutsideError: A file name has a folder in it, is ``..`` or is absolute.
 
     Example:
         In ``config_fed_server.conf``::
@@ -74,15 +77,11 @@ class PTFileModelPersistor(ModelPersistor):
                 f"model: expected a torch.nn.Module (a {{path, args}} entry that builds one), "
                 f"got {type(model).__name__}"
             )
-        for key, name in (
-            ("global_model_file_name", global_model_file_name),
-            ("best_global_model_file_name", best_global_model_file_name),
-        ):
-            if not name or Path(name).name != name:
-                raise ValueError(f"{key}: expected a plain file name (it goes in the models folder), got {name!r}")
         self._model = model
-        self._global_name = global_model_file_name
-        self._best_name = best_global_model_file_name
+        self._global_name = plain_file_name(global_model_file_name, "global_model_file_name", "the models folder")
+        self._best_name = plain_file_name(
+            best_global_model_file_name, "best_global_model_file_name", "the models folder"
+        )
         self._key_metric = key_metric
         self._negate = negate_key_metric
         self._source = None if source_ckpt_file_full_name is None else Path(source_ckpt_file_full_name)
@@ -92,10 +91,25 @@ class PTFileModelPersistor(ModelPersistor):
         self._commits = CheckpointCommits()
 
     def use_workspace(self, app_dir: Path) -> None:
-        """Save checkpoints under ``app_dir / "models"``; delete temp files a crashed run left there."""
+        """Save checkpoints under ``app_dir / "models"``; delete temp files a crashed run left there.
+
+        Raises:
+            PathOutsideError: A symbolic link leads the models folder or a checkpoint file out of
+                ``app_dir`` (the message names the file name's setting); nothing was deleted.
+        """
         super().use_workspace(app_dir)
+        self._check_no_link_out()
         for path in remove_stale_temp_files(self.models_dir, [self._global_name, self._best_name]):
             logger.warning("deleted the temp file of a checkpoint never completed: %s", path)
+
+    def _check_no_link_out(self) -> None:
+        """Raise `PathOutsideError` if a symbolic link leads a checkpoint file out of the workspace."""
+        workspace = self.models_dir.parent  # the app_dir given to use_workspace
+        for setting, name in (
+            ("global_model_file_name", self._global_name),
+            ("best_global_model_file_name", self._best_name),
+        ):
+            no_link_out(self.models_dir / name, workspace, setting, "the site's workspace")
 
     def use_job_paths(self, paths: JobPaths) -> None:
         """Resolve ``source_ckpt_file_full_name`` inside the folders the job may use (at job start).
@@ -191,6 +205,8 @@ class PTFileModelPersistor(ModelPersistor):
             ValueError: The model has no params, or DIFF params.
             TypeError: A param is neither a tensor nor a numpy array.
             RuntimeError: `use_workspace` was not called.
+            PathOutsideError: A symbolic link made since `use_workspace` leads the models folder
+                or a checkpoint file out of the workspace; nothing was written.
             OSError: Writing failed, now or in the previous save; the file under the global
                 model's name is left as it was.
         """
@@ -200,6 +216,7 @@ class PTFileModelPersistor(ModelPersistor):
             raise ValueError("cannot save DIFF params as the global model: apply the difference to the model first")
         tensors = _savable_tensors(model.params)
         models_dir = self.models_dir
+        self._check_no_link_out()  # again: a link may have appeared since the start
         models_dir.mkdir(parents=True, exist_ok=True)
         path = models_dir / self._global_name
         self.flush()  # the previous checkpoint first: renames never overtake each other

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import ComponentSpec, ConfigDocument, Job, build_component
+from engine.config import ComponentSpec, ConfigDocument, Job, KeyPath, build_component
 from engine.errors import ConfigError
 from engine.fobs.tensor_pool import DEFAULT_IDLE_RELEASE_S, TENSOR_POOL
 from engine.model import Shareable
@@ -29,23 +30,59 @@ def build_entries(document: ConfigDocument, key: str) -> dict[str, Any]:
 
 
 def prepare_components(
-    components: Mapping[str, Any], document: ConfigDocument, workspace: Path, paths: JobPaths
+    components: Mapping[str, Any],
+    document: ConfigDocument,
+    workspace: Path,
+    paths: JobPaths,
+    key: str = "components",
 ) -> None:
     """Call each component's ``use_workspace(workspace)`` and ``use_job_paths(paths)`` hooks, if it has them.
 
+    The runtime calls it at job start, before anything runs, for the ``components`` of a config,
+    and can for its ``workflows`` the same way (``key="workflows"``): a path an entry's args
+    name is then refused before the first round, at its file, line and key.
+
+    Args:
+        components: The entries built from ``document.data[key]``, by id, in their order.
+        document: The config they were built from (for the file and line in messages).
+        workspace: This site's folder of the job's workspace.
+        paths: The folders the job's paths may name on this site.
+        key: The config key the entries come from (``components`` or ``workflows``).
+
     Raises:
-        ConfigError: A path a component's args name leaves the folders the job may use; the
-            message names the file, line and key path (``components[0].args.<setting>``), and
-            the `PathOutsideError` is its cause.
+        ConfigError: A path an entry's args name leaves the folders it must stay in; the message
+            names the file, line and key path (``components[0].args.<setting>``), and the
+            `PathOutsideError` is its cause.
     """
     for index, component in enumerate(components.values()):
-        if callable(getattr(component, "use_workspace", None)):
-            component.use_workspace(workspace)
-        if callable(getattr(component, "use_job_paths", None)):
-            try:
+        with _located(document, (key, index, "args")):
+            if callable(getattr(component, "use_workspace", None)):
+                component.use_workspace(workspace)
+            if callable(getattr(component, "use_job_paths", None)):
                 component.use_job_paths(paths)
-            except PathOutsideError as e:
-                raise ConfigError([document.problem(("components", index, "args", e.setting), e.detail)]) from e
+
+
+def prepare_executors(routes: Sequence[ExecutorRoute], document: ConfigDocument, paths: JobPaths) -> None:
+    """Call each executor's ``use_job_paths(paths)`` hook, if it has one (at job start, before ``initialize``).
+
+    Raises:
+        ConfigError: A path an executor's args name leaves the folders it must stay in; the
+            message names the file, line and key path (``executors[0].executor.args.<setting>``),
+            and the `PathOutsideError` is its cause.
+    """
+    for index, route in enumerate(routes):
+        if callable(getattr(route.executor, "use_job_paths", None)):
+            with _located(document, ("executors", index, "executor", "args")):
+                route.executor.use_job_paths(paths)
+
+
+@contextlib.contextmanager
+def _located(document: ConfigDocument, args_path: KeyPath) -> Iterator[None]:
+    """Turn a `PathOutsideError` into a `ConfigError` at ``args_path + (setting,)`` of ``document``."""
+    try:
+        yield
+    except PathOutsideError as e:
+        raise ConfigError([document.problem((*args_path, e.setting), e.detail)]) from e
 
 
 @dataclass

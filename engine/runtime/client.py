@@ -31,6 +31,7 @@ from engine.runtime.assembly import (
     build_executors,
     configure_tensor_pool,
     prepare_components,
+    prepare_executors,
     route_task,
     streaming_settings,
 )
@@ -91,6 +92,7 @@ class ClientJob:
         paths = JobPaths(self.app.folder, self.job_folder, self.workspace, self.site_settings.allowed_dirs)
         prepare_components(components, document, self.workspace, paths)
         routes = build_executors(document)
+        prepare_executors(routes, document, paths)
         data_filters = FilterChains.build(document, "task_data_filters")
         result_filters = FilterChains.build(document, "task_result_filters")
         self.network = SiteEndpoint.for_site(

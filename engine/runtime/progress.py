@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import IO, Any
 
+from engine.text import printable
+
+#: The longest line a progress event or the summary prints (text a peer sent is cut there).
+MAX_LINE = 400
+
 
 class ProgressPrinter:
     """Turns the server's progress events into short lines: round k of R, who trains, transfer rates."""
@@ -17,7 +22,8 @@ class ProgressPrinter:
         self._noted: set[str] = set()
 
     def line(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        """Print one line; what a peer wrote in it (metric names, reasons) cannot act on the terminal."""
+        print(printable(text, MAX_LINE), file=self.out, flush=True)
 
     def noted(self, site: str) -> bool:
         """True the second time a site is asked about (so its exit is reported once)."""
@@ -71,9 +77,11 @@ class ProgressPrinter:
         prefix = self._prefix()
         if isinstance(event.get("round"), int) and self.total != "?":
             prefix = f"[round {event['round'] + 1}/{self.total}]"
+        refused = sorted(event.get("refused") or {})
         self.line(
             f"{prefix} done in {event.get('time_s', 0):.2f} s, "
             f"{len(clients)} result{'s' if len(clients) != 1 else ''}{': ' + metrics if metrics else ''}"
+            f"{'; refused: ' + ', '.join(refused) if refused else ''}"
         )
 
     def _on_workflow_note(self, event: dict[str, Any]) -> None:
@@ -85,7 +93,14 @@ class ProgressPrinter:
 
 
 def summary_table(summary: dict[str, Any]) -> list[str]:
-    """The lines of the end-of-run summary: rounds with time and metrics, processes with peak RSS."""
+    """The lines of the end-of-run summary: rounds, refused results, processes with peak RSS.
+
+    Every line is made `printable` (cut at `MAX_LINE`): metric names and reasons came from peers.
+    """
+    return [printable(line, MAX_LINE) for line in _summary_lines(summary)]
+
+
+def _summary_lines(summary: dict[str, Any]) -> list[str]:
     lines = ["", "round  time (s)  metrics"]
     for entry in summary.get("rounds", []):
         round_number = entry.get("round", 0) + 1 if isinstance(entry.get("round"), int) else "?"
@@ -94,6 +109,10 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
         )
     if not summary.get("rounds"):
         lines.append("    -         -  (no round finished)")
+    refused = summary.get("refused") or {}
+    if refused:
+        counts = ", ".join(f"{site} x{count}" for site, count in sorted(refused.items()))
+        lines += ["", f"results refused (see each round's 'refused' in summary.json): {counts}"]
     lines += ["", "process   peak RSS (MiB)  exit code"]
     for site, entry in summary.get("processes", {}).items():
         rss = entry.get("peak_rss_mb")
@@ -106,6 +125,15 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
         f"workspace: {summary.get('workspace')}",
     ]
     return lines
+
+
+def refused_counts(rounds: list[dict[str, Any]]) -> dict[str, int]:
+    """How many results of each site the workflows refused, over ``rounds`` (their ``refused`` entries)."""
+    counts: dict[str, int] = {}
+    for entry in rounds:
+        for site in entry.get("refused") or {}:
+            counts[site] = counts.get(site, 0) + 1
+    return counts
 
 
 def cross_site_table(matrix: dict[str, dict[str, Any]]) -> list[str]:

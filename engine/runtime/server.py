@@ -117,6 +117,7 @@ class ServerJob:
         self._result_filters = FilterChains.build(document, "task_result_filters")
         paths = JobPaths(self.app.folder, self.job.folder, self.workspace, self.site.allowed_dirs)
         prepare_components(components, document, self.workspace, paths)
+        prepare_components(workflows, document, self.workspace, paths, key="workflows")
 
         settings = streaming_settings(config)
         configure_tensor_pool(config)

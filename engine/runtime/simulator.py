@@ -27,7 +27,7 @@ from engine.config import Job, load_job
 from engine.errors import UsageError
 from engine.runtime.entry import RESULT_FILE
 from engine.runtime.process import LOG_FILE, PROCESS_FILE
-from engine.runtime.progress import ProgressPrinter, summary_table
+from engine.runtime.progress import ProgressPrinter, refused_counts, summary_table
 from engine.runtime.states import JobState
 from engine.security import write_site_key_folders
 from engine.site import INSECURE_WARNING, insecure_requested
@@ -343,6 +343,7 @@ class _Run:
             "clients": self.clients,
             "seconds": round(time.monotonic() - self.started, 2),
             "rounds": rounds,
+            "refused": refused_counts(rounds),
             "processes": processes,
         }
         matrix_file = self.folder / "server" / CROSS_SITE_FILE

@@ -136,20 +136,31 @@ class LazyRef:
         self.verify()
         tensor = pooled_empty(self.shape, self.dtype)
         if self.nbytes:
-            target = tensor.reshape(-1).view(torch.uint8).numpy()
-            try:
-                with open(self.file, "rb", buffering=0) as file:
-                    read = os.preadv(file.fileno(), [target], self.offset)
-                    while 0 < read < self.nbytes:
-                        more = os.preadv(file.fileno(), [target[read:]], self.offset + read)
-                        if more == 0:
-                            break
-                        read += more
-            except OSError as e:
-                raise StreamingError(f"cannot read tensor {self.name!r} from {self.file}: {e.strerror}") from e
-            if read != self.nbytes:
-                raise StreamingError(f"downloaded file {self.file} ended inside tensor {self.name!r}")
+            _read_exactly(self.file, tensor.reshape(-1).view(torch.uint8).numpy(), self.offset, self.name)
         return tensor.numpy() if self.as_numpy else tensor
+
+    def read_elements(self, start: int, out: torch.Tensor) -> torch.Tensor:
+        """Read elements ``start .. start + out.numel()`` of the flattened tensor into ``out``.
+
+        ``out`` must be a contiguous tensor of this reference's dtype; it is returned, filled.
+        Reading a block at a time lets a caller go over a large tensor (or the same block of
+        several clients' tensors) without holding any of them whole.
+
+        Raises:
+            StreamingError: As `verify`, or the block lies outside the tensor or the read came up short.
+            ValueError: ``out`` has another dtype or is not contiguous.
+        """
+        if out.dtype != self.dtype or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous {self.dtype} tensor, got {out.dtype}")
+        item = out.element_size()
+        first, size = start * item, out.numel() * item
+        if start < 0 or first + size > self.nbytes:
+            raise StreamingError(f"elements {start}..{start + out.numel()} lie outside tensor {self.name!r}")
+        self.verify()
+        if size:
+            target = out.reshape(-1).view(torch.uint8).numpy()
+            _read_exactly(self.file, target, self.offset + first, self.name)
+        return out
 
     def release(self) -> None:
         """Let go of the file (the folder goes when its last holder lets go); safe to repeat."""
@@ -157,6 +168,23 @@ class LazyRef:
 
     def __repr__(self) -> str:
         return f"LazyRef(name={self.name!r}, shape={tuple(self.shape)}, dtype={self.dtype}, file={str(self.file)!r})"
+
+
+def _read_exactly(path: Path, target: np.ndarray, offset: int, name: str) -> None:
+    """Fill ``target`` (bytes) from ``path`` at ``offset``; `StreamingError` if the file ends first."""
+    size = target.nbytes
+    try:
+        with open(path, "rb", buffering=0) as file:
+            read = os.preadv(file.fileno(), [target], offset)
+            while 0 < read < size:
+                more = os.preadv(file.fileno(), [target[read:]], offset + read)
+                if more == 0:
+                    break
+                read += more
+    except OSError as e:
+        raise StreamingError(f"cannot read tensor {name!r} from {path}: {e.strerror}") from e
+    if read != size:
+        raise StreamingError(f"downloaded file {path} ended inside tensor {name!r}")
 
 
 class LazyTensorDict(Mapping[str, torch.Tensor]):

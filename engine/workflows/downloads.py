@@ -12,6 +12,7 @@ from typing import Any
 from engine.aggregators.weighted import resolve_value
 from engine.controller.context import DiskDownloadArea, JobContext
 from engine.model import FLModel
+from engine.paths import JobPaths
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,16 @@ def receiving_to_disk(context: JobContext, enabled: bool, folder: str | None) ->
         return
     with context.downloads_to_disk(None if folder is None else Path(folder)) as area:
         yield area
+
+
+def check_download_dir(paths: JobPaths, enabled: bool, folder: str | None) -> None:
+    """At job start: refuse a ``download_to_disk_dir`` outside the workspace and the allowed folders.
+
+    Raises:
+        PathOutsideError: It leaves them (the message names ``download_to_disk_dir``).
+    """
+    if enabled and folder is not None:
+        paths.resolve_output(folder, "download_to_disk_dir")
 
 
 def disk_figures(area: DiskDownloadArea | None, current_round: int) -> dict[str, Any]:

@@ -14,13 +14,15 @@ import torch
 from engine.aggregators import (
     DEFAULT_MAX_LOCAL_STEPS,
     ModelAggregator,
+    ResultRules,
     WeightedModelAggregator,
     check_max_local_steps,
     check_params_match,
 )
 from engine.controller.context import DiskDownloadArea
 from engine.model import FLModel, ParamsType
-from engine.workflows.downloads import disk_figures, receiving_to_disk
+from engine.paths import JobPaths
+from engine.workflows.downloads import check_download_dir, disk_figures, receiving_to_disk
 from engine.workflows.model_controller import ModelController
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,18 @@ class FedAvg(ModelController):
             by default (``downloads``), relative paths from there. It must lie inside the
             workspace or a folder the site allows (``--allow-dir``). Leftovers of a crashed run
             in it are deleted when the next run opens it.
+        expected_params_type: What the clients send: ``FULL`` weights (the default) or a
+            ``DIFF`` from the weights they were sent. A result of the other type is refused
+            (that site's alone).
+        allow_non_finite: Accept results holding NaN or infinite values (refused by default).
+        metric_ranges: Metric name -> ``[low, high]``: a site's reported value outside is
+            dropped (logged), e.g. ``{ global_accuracy = [0, 1] }``.
+
+    A refused result (wrong round or type, names, shapes or dtypes unlike the model's, a
+    non-finite value, an out-of-bounds weight) costs that site its contribution to the round,
+    nothing else: it is logged with the site, the round and the reason, reported in the round's
+    ``refused`` and the run's summary, and the round goes on with the others as long as
+    ``min_clients`` results are usable.
     """
 
     def __init__(
@@ -68,6 +82,9 @@ class FedAvg(ModelController):
         train_timeout: float = 0.0,
         download_to_disk: bool = False,
         download_to_disk_dir: str | None = None,
+        expected_params_type: str = "FULL",
+        allow_non_finite: bool = False,
+        metric_ranges: dict[str, list[float]] | None = None,
     ) -> None:
         super().__init__(persistor_id)
         _check_positive("num_clients", num_clients)
@@ -87,6 +104,16 @@ class FedAvg(ModelController):
         self.train_timeout = train_timeout
         self.download_to_disk = download_to_disk
         self.download_to_disk_dir = download_to_disk_dir
+        types = ", ".join(t.value for t in ParamsType)
+        try:
+            self.expected_params_type = ParamsType(expected_params_type)
+        except ValueError as e:
+            raise ValueError(f"expected_params_type: expected one of {types}, got {expected_params_type!r}") from e
+        self.rules = ResultRules.from_args(allow_non_finite, metric_ranges)
+
+    def use_job_paths(self, paths: JobPaths) -> None:
+        """At job start: refuse a ``download_to_disk_dir`` outside the site's folders (see `check_download_dir`)."""
+        check_download_dir(paths, self.download_to_disk, self.download_to_disk_dir)
 
     def run(self) -> None:
         with receiving_to_disk(self.context, self.download_to_disk, self.download_to_disk_dir) as area:
@@ -105,6 +132,7 @@ class FedAvg(ModelController):
             needed = min(self.min_clients or len(clients), len(clients))
             self.context.report("round_started", round=current_round, total_rounds=self.num_rounds, clients=clients)
             aggregator.reset_stats()
+            aggregator.start_round(current_round, self._global_params)
             accepted: list[str] = []
 
             # The model this round starts from is checkpointed while the clients download it
@@ -114,7 +142,7 @@ class FedAvg(ModelController):
             # need names, shapes and dtypes only, and the task lets go once every client has it.
             saving = _BackgroundSave(self.save_model, model)
             reference = _layout_of(model.params or {})
-            accept = functools.partial(self._accept, aggregator, reference, accepted, saving)
+            accept = functools.partial(self._accept, aggregator, reference, accepted, saving, current_round)
             try:
                 self.send_model_and_wait(
                     targets=clients,
@@ -152,27 +180,45 @@ class FedAvg(ModelController):
                 metrics=dict(model.metrics or {}),
                 clients=sorted(accepted),
                 failed=dict(self.failures),
+                refused=dict(self.refused),
                 **disk_figures(area, current_round),
             )
         self.save_model(model)
 
-    @staticmethod
     def _accept(
+        self,
         aggregator: ModelAggregator,
         reference: dict[str, Any],
         accepted: list[str],
         saving: _BackgroundSave,
+        current_round: int,
         result: FLModel,
         client: str,
     ) -> None:
-        """Check one result against the global model and fold it into the round's sum."""
+        """Check one result (type, layout, values, metrics), then fold it into the round's aggregate.
+
+        Raises:
+            ValueError: The result is refused; nothing of it reached the aggregator.
+        """
         saving.join()  # its failure is the workflow's to raise, not this result's
+        params_type = ParamsType(result.params_type) if result.params_type is not None else ParamsType.FULL
+        if params_type is not self.expected_params_type:
+            raise ValueError(
+                f"result of {client} has {params_type.value} params, this workflow expects "
+                f"{self.expected_params_type.value} (expected_params_type)"
+            )
         params = result.params or {}
-        if result.params_type is ParamsType.DIFF:  # a difference may leave names out
+        if params_type is ParamsType.DIFF:  # a difference may leave names out
             reference = {name: value for name, value in reference.items() if name in params}
         check_params_match(reference, params, client)
+        self.rules.check_values(params, client)
+        result.metrics = self.rules.accepted_metrics(result.metrics, client, current_round) or None
         aggregator.accept_model(result, client)
         accepted.append(client)
+
+    def _global_params(self) -> dict[str, Any]:
+        """The global model's params as last saved (what the clients were sent this round)."""
+        return dict(self.load_model().params or {})
 
     def _aggregator(self) -> ModelAggregator:
         if self.aggregator_id is None:

@@ -32,6 +32,7 @@ class ModelController(Controller):
         super().__init__()
         self.persistor_id = persistor_id
         self.failures: dict[str, str] = {}
+        self.refused: dict[str, str] = {}
 
     @abstractmethod
     def run(self) -> None:
@@ -100,19 +101,29 @@ class ModelController(Controller):
             shareable.set_header(ReservedHeaderKey.TOTAL_ROUNDS, total_rounds)
         results: list[FLModel] = []
         self.failures = {}
+        self.refused = {}
+
+        def refuse(client: str, reason: str) -> None:
+            log.warning("result refused: site=%s round=%s reason=%s", client, current_round, reason)
+            self.failures[client] = reason
+            self.refused[client] = reason
 
         def on_result(client_task: ClientTask) -> None:
             result = client_task.result
             client_task.result = None  # InTime: the task keeps no client's tensors
+            if result is None or result.get_return_code() is not ReturnCode.OK:  # the site says it failed
+                reason = self._result_model(result, client_task.client, current_round)
+                self.failures[client_task.client] = str(reason)
+                raise ResultRefused(str(reason))
             model_or_reason = self._result_model(result, client_task.client, current_round)
             if isinstance(model_or_reason, str):
-                self.failures[client_task.client] = model_or_reason
+                refuse(client_task.client, model_or_reason)
                 raise ResultRefused(model_or_reason)
             if callback is not None:
                 try:
                     callback(model_or_reason, client_task.client)
                 except Exception as e:
-                    self.failures[client_task.client] = f"{type(e).__name__}: {e}"
+                    refuse(client_task.client, f"{type(e).__name__}: {e}")
                     release_values(model_or_reason.params or {})  # its files on disk, if any
                     raise ResultRefused(str(e)) from e
             else:

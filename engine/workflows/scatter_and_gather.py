@@ -6,12 +6,13 @@ import functools
 import logging
 import time
 
-from engine.aggregators import Aggregator
+from engine.aggregators import Aggregator, ResultRules, release_values
 from engine.controller import ClientTask, Controller, ResultRefused, Task
 from engine.controller.context import DiskDownloadArea
-from engine.model import ReservedHeaderKey, ReturnCode
+from engine.model import DXO, ReservedHeaderKey, ReturnCode, Shareable
+from engine.paths import JobPaths
 from engine.persistors import ModelPersistor
-from engine.workflows.downloads import disk_figures, receiving_to_disk, with_real_tensors
+from engine.workflows.downloads import check_download_dir, disk_figures, receiving_to_disk, with_real_tensors
 from engine.workflows.model_controller import REASON_HEADER
 from engine.workflows.shareable_generator import ShareableGenerator
 
@@ -38,6 +39,13 @@ class ScatterAndGather(Controller):
         download_to_disk: While the workflow runs, the clients' results download to disk first
             and the aggregator reads them one tensor at a time (as for `FedAvg`).
         download_to_disk_dir: Where those downloads go (as for `FedAvg`).
+        allow_non_finite: Accept results holding NaN or infinite values (refused by default).
+        metric_ranges: Metric name -> ``[low, high]``; a value outside is dropped (as for `FedAvg`).
+
+    A result that fails a check (non-finite values, or refused by the aggregator: wrong round,
+    kind or weight) is refused for that site alone, logged with the site, the round and the
+    reason, and reported in the round's ``refused``; unlike a client's error it never ends the
+    job, whatever ``ignore_result_error`` says, while ``min_clients`` results are usable.
     """
 
     def __init__(
@@ -54,6 +62,8 @@ class ScatterAndGather(Controller):
         ignore_result_error: bool = False,
         download_to_disk: bool = False,
         download_to_disk_dir: str | None = None,
+        allow_non_finite: bool = False,
+        metric_ranges: dict[str, list[float]] | None = None,
     ) -> None:
         super().__init__()
         if min_clients < 1 or num_rounds < 1 or start_round < 0:
@@ -73,6 +83,7 @@ class ScatterAndGather(Controller):
         self.ignore_result_error = ignore_result_error
         self.download_to_disk = download_to_disk
         self.download_to_disk_dir = download_to_disk_dir
+        self.rules = ResultRules.from_args(allow_non_finite, metric_ranges)
 
     def _gather(
         self,
@@ -80,21 +91,33 @@ class ScatterAndGather(Controller):
         current_round: int,
         accepted: list[str],
         failures: dict[str, str],
+        refused: dict[str, str],
         client_task: ClientTask,
     ) -> None:
-        """Give one client's result to the aggregator as it arrives, then drop it."""
+        """Check one client's result and give it to the aggregator as it arrives, then drop it."""
         result, client_task.result = client_task.result, None
+        client = client_task.client
         code = result.get_return_code() if result is not None else ReturnCode.EMPTY_RESULT
         if code is not ReturnCode.OK:
             reason = result.get_header(REASON_HEADER, "") if result is not None else ""
-            failures[client_task.client] = f"{code.value}: {reason}"
+            failures[client] = f"{code.value}: {reason}"
             if not self.ignore_result_error:
                 self.cancel_task(client_task.task)
             return
-        if not aggregator.accept(result, client_task.client, current_round):
-            failures[client_task.client] = "refused by the aggregator (see the server log)"
-            raise ResultRefused(failures[client_task.client])
-        accepted.append(client_task.client)
+        try:
+            self.rules.check_dxo_result(result, client, current_round)
+            if not aggregator.accept(result, client, current_round):
+                raise ValueError("refused by the aggregator (its reason is in the server log)")
+        except ValueError as e:
+            log.warning("result refused: site=%s round=%d reason=%s", client, current_round, e)
+            refused[client] = str(e)
+            _release(result)
+            raise ResultRefused(str(e)) from e
+        accepted.append(client)
+
+    def use_job_paths(self, paths: JobPaths) -> None:
+        """At job start: refuse a ``download_to_disk_dir`` outside the site's folders (see `check_download_dir`)."""
+        check_download_dir(paths, self.download_to_disk, self.download_to_disk_dir)
 
     def run(self) -> None:
         with receiving_to_disk(self.context, self.download_to_disk, self.download_to_disk_dir) as area:
@@ -118,8 +141,10 @@ class ScatterAndGather(Controller):
             aggregator.reset()
             accepted: list[str] = []
             failures: dict[str, str] = {}
+            refused: dict[str, str] = {}
+            aggregator.start_round(current_round, lambda: dict(persistor.load_model().params or {}))
 
-            gather = functools.partial(self._gather, aggregator, current_round, accepted, failures)
+            gather = functools.partial(self._gather, aggregator, current_round, accepted, failures, refused)
 
             data = generator.learnable_to_shareable(model)
             data.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
@@ -139,7 +164,7 @@ class ScatterAndGather(Controller):
             if len(accepted) < self.min_clients:
                 raise RuntimeError(
                     f"round {current_round + 1}: {len(accepted)} usable result(s), {self.min_clients} needed "
-                    f"(min_clients); {failures or 'no reason reported'}"
+                    f"(min_clients); {({**failures, **refused}) or 'no reason reported'}"
                 )
             model = generator.shareable_to_learnable(aggregator.aggregate(current_round), model)
             model.current_round = current_round
@@ -151,6 +176,15 @@ class ScatterAndGather(Controller):
                 time_s=round(time.monotonic() - started, 3),
                 metrics=dict(model.metrics or {}),
                 clients=sorted(accepted),
-                failed=failures,
+                failed={**failures, **refused},
+                refused=refused,
                 **disk_figures(area, current_round),
             )
+
+
+def _release(result: Shareable) -> None:
+    """Let go of a refused result's downloaded files, if it has any."""
+    try:
+        release_values(DXO.from_shareable(result).data)
+    except ValueError:
+        pass

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import threading
 import time
 from typing import Any
 
-from engine.aggregators import Aggregator
+from engine.aggregators import Aggregator, ResultRules
 from engine.model import DXO, FLModel, ReturnCode, Shareable
 from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(eq=False)
@@ -45,14 +48,20 @@ class RoundGathering:
             self.claimed.add(site)
             return True
 
-    def take(self, site: str, result: Shareable, aggregator: Aggregator) -> None:
-        """Fold one trainer's result into the aggregator (one at a time), or record why not."""
+    def take(self, site: str, result: Shareable, aggregator: Aggregator, rules: ResultRules | None = None) -> None:
+        """Check one trainer's result (``rules``) and fold it into the aggregator, or record why not."""
         if result.get_return_code() is not ReturnCode.OK:
             self.fail(site, f"return code {result.get_return_code().value}: {result.get_header('reason')}")
             return
         with self._changed:
             if self.closed or site in self.accepted:
                 return
+        try:
+            (rules or ResultRules()).check_dxo_result(result, site, self.number)
+        except ValueError as e:
+            log.warning("result refused: site=%s round=%d reason=%s", site, self.number, e)
+            self.fail(site, str(e))
+            return
         if aggregator.accept(result, site, self.number):
             with self._changed:
                 self.accepted.append(site)

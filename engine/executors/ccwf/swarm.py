@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.aggregators import Aggregator
+from engine.aggregators import Aggregator, ResultRules
 from engine.cells import Message, Reply, Status
 from engine.errors import CellError, CellRemoteError
 from engine.executors.ccwf.client_side import ClientSideController, owner_among, refused
@@ -29,6 +29,7 @@ from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_c
 from engine.executors.ccwf.swarm_roles import SwarmRoles
 from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable
 from engine.model.ccwf import CCWF_CHANNEL
+from engine.paths import JobPaths
 from engine.persistors import ModelPersistor
 from engine.streaming.lazy import cleanup_lazy_refs
 from engine.streaming.service import DownloadService
@@ -75,8 +76,13 @@ class SwarmClientController(ClientSideController):
             receives go to disk first: results are aggregated one tensor at a time from their
             files, and the training script still gets tensors in memory.
         download_to_disk_dir: Where those downloads go, relative to the client's workspace
-            folder (default ``downloads``).
+            folder (default ``downloads``). It must stay in the workspace or a folder the site
+            allows (``flengine run --allow-dir``), symbolic links resolved: checked by
+            `use_job_paths` at job start where the runtime calls it, and always at the config
+            task, before the first round.
         task_name_prefix: Prefix of the task names (``swarm``).
+        allow_non_finite: Aggregate results holding NaN or infinite values (refused by default).
+        metric_ranges: Metric name -> ``[low, high]``; a trainer's value outside is dropped.
     """
 
     def __init__(
@@ -97,8 +103,11 @@ class SwarmClientController(ClientSideController):
         download_to_disk: bool = False,
         download_to_disk_dir: str | None = None,
         task_name_prefix: str = SWARM_PREFIX,
+        allow_non_finite: bool = False,
+        metric_ranges: dict[str, list[float]] | None = None,
     ) -> None:
         super().__init__(task_name_prefix)
+        self.rules = ResultRules.from_args(allow_non_finite, metric_ranges)
         if min_responses_required < 1 or max_concurrent_submissions < 1:
             raise ValueError(
                 "min_responses_required and max_concurrent_submissions must be >= 1, got "
@@ -135,6 +144,16 @@ class SwarmClientController(ClientSideController):
         self._exits = contextlib.ExitStack()
         self._threads: list[threading.Thread] = []
         self._pulls: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def use_job_paths(self, paths: JobPaths) -> None:
+        """Check ``download_to_disk_dir`` (when downloads go to disk) against the folders the site allows.
+
+        Raises:
+            PathOutsideError: It leads out of the client's workspace and the folders the site
+                allows; the message names ``download_to_disk_dir``.
+        """
+        if self.download_to_disk and self.download_to_disk_dir is not None:
+            paths.resolve_output(self.download_to_disk_dir, "download_to_disk_dir")
 
     # ----------------------------------------------------------------- config and start
 
@@ -303,7 +322,7 @@ class SwarmClientController(ClientSideController):
         if aggr == self.site:
             entry = self._round(current_round)
             if entry.claim(self.site):
-                entry.take(self.site, result, self.aggregator)
+                entry.take(self.site, result, self.aggregator, self.rules)
         else:
             self._submit(aggr, current_round, result)
         self.update_status(phase="idle")
@@ -388,7 +407,7 @@ class SwarmClientController(ClientSideController):
             result = self.codec.decode(frames, sender=sender)
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
-            entry.take(site, result, self.aggregator)
+            entry.take(site, result, self.aggregator, self.rules)
         except Exception as e:
             log.warning("round %d: result of %s refused: %s", entry.number, site, e)
             entry.fail(site, f"{type(e).__name__}: {e}")

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from engine.aggregators import ResultRules
 from engine.controller import Task, TaskCompletionStatus
 from engine.errors import WorkflowError
 from engine.model import ReturnCode, Shareable, model_from_shareable
 from engine.model.ccwf import EVAL_TASK, GLOBAL_MODELS_KEY, LOCAL_MODEL, MODEL_NAME_KEY, MODEL_OWNER_KEY
+from engine.paths import JobPaths, path_inside, relative_path
 from engine.workflows.ccwf.server_side import REASON_HEADER, ServerSideController, clients_among
 
 log = logging.getLogger(__name__)
@@ -26,6 +30,8 @@ CSE_PREFIX = "cse"
 RESULT_FILE = "cross_site_val.json"
 #: Say so in ``evaluatees`` or ``global_model_client`` to leave those models out.
 NONE = "@none"
+#: How messages call the folder ``result_file`` must stay in.
+RESULT_FOLDER = "the server's workspace folder"
 
 
 class CrossSiteEvalServerController(ServerSideController):
@@ -45,8 +51,17 @@ class CrossSiteEvalServerController(ServerSideController):
             written for NVIDIA FLARE.
         progress_timeout: Unused, as above.
         max_status_report_interval: Unused, as above.
-        result_file: Where the matrix goes, relative to the server's workspace folder.
+        result_file: Where the matrix goes, relative to the server's workspace folder, which it
+            must not leave: an absolute path or one that climbs out with ``..`` is refused when
+            the config is built, a symbolic link that leads out at job start (`use_job_paths`)
+            and again before the file is written.
         task_name_prefix: Prefix of the task names (``cse``).
+        metric_ranges: Metric name -> ``[low, high]``: an evaluator's value outside (or not a
+            finite number, or under a name that is not a plain identifier) is left out of the
+            matrix and logged.
+
+    Raises:
+        PathOutsideError: ``result_file`` is absolute or climbs out of the workspace with ``..``.
     """
 
     def __init__(
@@ -62,6 +77,7 @@ class CrossSiteEvalServerController(ServerSideController):
         max_status_report_interval: float = 90.0,
         result_file: str = RESULT_FILE,
         task_name_prefix: str = CSE_PREFIX,
+        metric_ranges: dict[str, list[float]] | None = None,
     ) -> None:
         super().__init__(
             task_name_prefix,
@@ -79,9 +95,20 @@ class CrossSiteEvalServerController(ServerSideController):
         self.evaluators = list(evaluators) if evaluators else None
         self.evaluatees = evaluatees
         self.global_model_client = global_model_client
+        if relative_path(result_file, "result_file", RESULT_FOLDER).name in ("", ".", ".."):
+            raise ValueError(f"result_file: expected the path of a file, got {result_file!r}; e.g. {RESULT_FILE!r}")
         self.result_file = result_file
+        self.rules = ResultRules.from_args(metric_ranges=metric_ranges)
         self.matrix: dict[str, dict[str, Any]] = {}
         self._global_models: list[str] = []
+
+    def use_job_paths(self, paths: JobPaths) -> None:
+        """Check at job start that ``result_file`` (symbolic links resolved) stays in the server's workspace.
+
+        Raises:
+            PathOutsideError: It leads out of ``paths.workspace``; the message names ``result_file``.
+        """
+        self._result_path(paths.workspace)
 
     def workflow_config(self, participants: list[str]) -> dict[str, Any]:
         config = super().workflow_config(participants)
@@ -126,20 +153,31 @@ class CrossSiteEvalServerController(ServerSideController):
         task = Task(self.task_name(EVAL_TASK), data, timeout=self.eval_task_timeout)
         self.broadcast_and_wait(task, evaluators, min_responses=len(evaluators), abort_signal=self.abort_signal)
         for site in evaluators:
-            self.matrix.setdefault(site, {})[label] = _cell(task, site)
+            self.matrix.setdefault(site, {})[label] = _cell(task, site, self.rules)
         log.info("model evaluated model=%s results=%s", label, {s: self.matrix[s][label] for s in evaluators})
 
+    def _result_path(self, workspace: Path) -> Path:
+        """``result_file`` in ``workspace``, resolved; `PathOutsideError` if a link leads it out."""
+        return path_inside(workspace, self.result_file, "result_file", RESULT_FOLDER)
+
     def _write(self) -> None:
-        path = self.context.workspace / Path(self.result_file)
+        path = self._result_path(self.context.workspace)  # again: a link may have appeared since the start
         path.parent.mkdir(parents=True, exist_ok=True)
-        temp = path.with_name(f".{path.name}.tmp")
-        temp.write_text(json.dumps(self.matrix, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        temp.replace(path)
+        # A new temp file (never one that is there: it could be a link), renamed over the result.
+        fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                os.fchmod(out.fileno(), 0o644)  # as an ordinary new file, not mkstemp's owner-only mode
+                out.write(json.dumps(self.matrix, indent=2, sort_keys=True) + "\n")
+            os.replace(temp_name, path)
+        except BaseException:
+            Path(temp_name).unlink(missing_ok=True)
+            raise
         self.context.report("cross_site_val", matrix=self.matrix, file=str(path))
 
 
-def _cell(task: Task, site: str) -> dict[str, Any]:
-    """One evaluator's entry for one model: its metrics, or ``{"error": why}``."""
+def _cell(task: Task, site: str, rules: ResultRules) -> dict[str, Any]:
+    """One evaluator's entry for one model: its accepted metrics (see `ResultRules`), or ``{"error": why}``."""
     client_task = task.last_client_task_map.get(site)
     if client_task is None:
         return {"error": "never took the task"}
@@ -154,4 +192,4 @@ def _cell(task: Task, site: str) -> dict[str, Any]:
         metrics = model_from_shareable(result).metrics or {}
     except ValueError as e:
         return {"error": f"the result carries no metrics: {e}"}
-    return {key: value for key, value in metrics.items() if isinstance(value, (int, float, str, bool))}
+    return rules.accepted_metrics(metrics, site, None)

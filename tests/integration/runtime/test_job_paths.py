@@ -41,9 +41,9 @@ def test_a_download_folder_outside_the_workspace_fails_the_run_naming_the_settin
 
     assert result.state is JobState.FINISHED_EXECUTION_EXCEPTION, output
     reason = read_json(tmp_path / "workspace" / "summary.json")["reason"]
-    assert reason.startswith(
-        f"workflow 'fedavg' failed: PathOutsideError: download_to_disk_dir: {folder!r} leads to "
-    ), reason
+    # Refused at job start, before the first round, at the file and line that set it.
+    assert reason.startswith("ConfigError: "), reason
+    assert f"config_fed_server.conf:5: workflows[0].args.download_to_disk_dir: {folder!r} leads to " in reason
     assert reason.endswith("or let the site allow a folder that holds it (flengine run --allow-dir DIR)"), reason
     assert not (tmp_path / "escape").exists() and not (tmp_path / "elsewhere").exists()
 

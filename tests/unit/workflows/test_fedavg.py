@@ -41,11 +41,18 @@ def run(tmp_path: Path):
         persistor = PTFileModelPersistor(model=Net())
         persistor.use_workspace(tmp_path)
         workflow = FedAvg(num_clients=2, persistor_id="persistor", **args)
-        workflow.bind(queue, context=JobContext(workspace=tmp_path, components={"persistor": persistor}))
+        events: list[tuple[str, dict]] = []
+        context = JobContext(
+            workspace=tmp_path,
+            components={"persistor": persistor},
+            report=lambda event, **fields: events.append((event, fields)),
+        )
+        workflow.bind(queue, context=context)
         errors: list[BaseException] = []
         thread = threading.Thread(target=lambda: _capture(workflow.run, errors), daemon=True)
         thread.errors = errors  # type: ignore[attr-defined]
         thread.workflow = workflow  # type: ignore[attr-defined]
+        thread.events = events  # type: ignore[attr-defined]
         thread.start()
         started.append(queue)
         return queue, persistor, thread
@@ -72,9 +79,9 @@ def next_task(queue: TaskQueue, client: str):
     raise AssertionError(f"{client} got no task")
 
 
-def reply(params: dict, steps: int, params_type: ParamsType = ParamsType.FULL):
+def reply(params: dict, steps: int, params_type: ParamsType = ParamsType.FULL, metrics: dict | None = None):
     result = shareable_from_model(
-        FLModel(params=params, params_type=params_type, meta={"NUM_STEPS_CURRENT_ROUND": steps})
+        FLModel(params=params, params_type=params_type, metrics=metrics, meta={"NUM_STEPS_CURRENT_ROUND": steps})
     )
     result.set_return_code(ReturnCode.OK)
     return result
@@ -104,7 +111,7 @@ def test_full_results_average_and_the_global_weights_are_let_go_while_clients_tr
 
 
 def test_diff_results_are_added_to_the_saved_global_model(run) -> None:
-    queue, persistor, thread = run(num_rounds=2)
+    queue, persistor, thread = run(num_rounds=2, expected_params_type="DIFF")
 
     for _ in range(2):
         first, second = next_task(queue, "site-1"), next_task(queue, "site-2")
@@ -163,3 +170,66 @@ def test_a_result_claiming_too_many_local_steps_is_refused_and_the_round_goes_on
     assert thread.errors == []  # type: ignore[attr-defined]
     assert torch.equal(persistor.load_model().params["fc.weight"], torch.full((3, 4), 3.0))
     assert "above the aggregator's max_local_steps = 1000" in thread.workflow.failures["site-1"]  # type: ignore[attr-defined]
+
+
+def _honest(value: float) -> dict:
+    return {"fc.weight": torch.full((3, 4), value), "fc.bias": torch.zeros(3)}
+
+
+def test_a_result_with_nan_is_refused_for_that_site_alone(run) -> None:
+    queue, persistor, thread = run(num_rounds=1, min_clients=1)
+
+    first, second = next_task(queue, "site-1"), next_task(queue, "site-2")
+    poisoned = _honest(1.0)
+    poisoned["fc.bias"][1] = float("nan")
+    queue.submit("site-1", first.task_id, reply(poisoned, 1))
+    queue.submit("site-2", second.task_id, reply(_honest(3.0), 1))
+    thread.join(10)
+
+    assert thread.errors == []  # type: ignore[attr-defined]
+    assert torch.equal(persistor.load_model().params["fc.weight"], torch.full((3, 4), 3.0))
+    refused = thread.workflow.refused  # type: ignore[attr-defined]
+    assert list(refused) == ["site-1"]
+    assert "holds NaN or infinite values in 'fc.bias'" in refused["site-1"]
+    done = [fields for event, fields in thread.events if event == "round_done"]  # type: ignore[attr-defined]
+    assert done[0]["clients"] == ["site-2"] and list(done[0]["refused"]) == ["site-1"]
+
+
+def test_allow_non_finite_lets_such_a_result_count(run) -> None:
+    queue, persistor, thread = run(num_rounds=1, allow_non_finite=True)
+
+    first, second = next_task(queue, "site-1"), next_task(queue, "site-2")
+    queue.submit("site-1", first.task_id, reply({**_honest(1.0), "fc.bias": torch.full((3,), float("inf"))}, 1))
+    queue.submit("site-2", second.task_id, reply(_honest(3.0), 1))
+    thread.join(10)
+
+    assert thread.errors == []  # type: ignore[attr-defined]
+    assert torch.isinf(persistor.load_model().params["fc.bias"]).all()
+
+
+def test_a_diff_among_full_results_is_refused_whichever_arrives_first(run) -> None:
+    queue, persistor, thread = run(num_rounds=1, min_clients=1)
+
+    first, second = next_task(queue, "site-1"), next_task(queue, "site-2")
+    queue.submit("site-1", first.task_id, reply(_honest(50.0), 1, ParamsType.DIFF))  # the liar is first
+    queue.submit("site-2", second.task_id, reply(_honest(3.0), 1))
+    thread.join(10)
+
+    assert thread.errors == []  # type: ignore[attr-defined]
+    assert torch.equal(persistor.load_model().params["fc.weight"], torch.full((3, 4), 3.0))
+    assert "has DIFF params, this workflow expects FULL" in thread.workflow.refused["site-1"]  # type: ignore[attr-defined]
+
+
+def test_metrics_outside_the_declared_range_or_not_finite_do_not_count(run) -> None:
+    queue, persistor, thread = run(num_rounds=1, metric_ranges={"accuracy": [0, 1]})
+
+    first, second = next_task(queue, "site-1"), next_task(queue, "site-2")
+    lies = {"accuracy": 1e9, "loss": float("nan"), "\x1b[2Jwiped": 0.5, "note": "text"}
+    queue.submit("site-1", first.task_id, reply(_honest(1.0), 1, metrics=lies))
+    queue.submit("site-2", second.task_id, reply(_honest(3.0), 1, metrics={"accuracy": 0.5, "loss": 0.25}))
+    thread.join(10)
+
+    assert thread.errors == []  # type: ignore[attr-defined]
+    assert torch.equal(persistor.load_model().params["fc.weight"], torch.full((3, 4), 2.0))  # params still count
+    done = [fields for event, fields in thread.events if event == "round_done"]  # type: ignore[attr-defined]
+    assert done[0]["metrics"] == {"accuracy": 0.5, "loss": 0.25}  # only site-2's were accepted

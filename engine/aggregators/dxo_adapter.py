@@ -1,0 +1,117 @@
+"""`ModelAggregatorAsDXO`: any `ModelAggregator` as an `Aggregator` of DXO results (ScatterAndGather)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from engine.aggregators.aggregator import Aggregator, ModelAggregator
+from engine.model import DXO, DataKind, FLModel, ParamsType, ReservedHeaderKey, ReturnCode, Shareable
+
+logger = logging.getLogger(__name__)
+
+_PARAMS_TYPES = {DataKind.WEIGHTS: ParamsType.FULL, DataKind.WEIGHT_DIFF: ParamsType.DIFF}
+
+
+class ModelAggregatorAsDXO(Aggregator):
+    """Lets the ScatterAndGather workflow use a `ModelAggregator` (median, trimmed mean, Krum, clipping).
+
+    Each result's DXO becomes an `FLModel` (WEIGHTS: FULL params, WEIGHT_DIFF: DIFF params; the
+    DXO's meta as the model's meta, its ``metrics`` meta as the metrics) and goes to the wrapped
+    aggregator; the aggregate goes back as a DXO of ``expected_data_kind`` whose meta holds
+    ``nr_aggregated``, ``current_round``, ``metrics`` and what the wrapped aggregator adds (e.g.
+    Krum's ``selected``). `start_round` is forwarded.
+
+    A result is refused (``accept`` returns False and logs why) when its return code is not OK,
+    its ``current_round`` header names another round, it carries no DXO or one of another kind
+    than ``expected_data_kind``, or the wrapped aggregator refuses it (ValueError or TypeError).
+
+    Args:
+        aggregator: The `ModelAggregator` to wrap; in a config, a nested component.
+        expected_data_kind: ``"WEIGHTS"`` or ``"WEIGHT_DIFF"``.
+
+    Example:
+        In ``config_fed_server.conf``, the component ScatterAndGather's ``aggregator_id`` names::
+
+            { id = aggregator, path = engine.aggregators.ModelAggregatorAsDXO,
+              args { expected_data_kind = WEIGHT_DIFF,
+                     aggregator { path = engine.aggregators.TrimmedMeanAggregator, args { trim_fraction = 0.2 } } } }
+    """
+
+    def __init__(self, aggregator: ModelAggregator, expected_data_kind: str = "WEIGHT_DIFF") -> None:
+        if not isinstance(aggregator, ModelAggregator):
+            raise TypeError(
+                f"aggregator: expected a ModelAggregator, e.g. {{ path = engine.aggregators.TrimmedMeanAggregator, "
+                f"args {{ trim_fraction = 0.2 }} }}, got {type(aggregator).__name__}"
+            )
+        kinds = ", ".join(kind.value for kind in _PARAMS_TYPES)
+        try:
+            kind = DataKind(expected_data_kind)
+        except ValueError as e:
+            raise ValueError(f"expected_data_kind: expected one of {kinds}, got {expected_data_kind!r}") from e
+        if kind not in _PARAMS_TYPES:
+            raise ValueError(f"expected_data_kind: expected one of {kinds}, got {expected_data_kind!r}")
+        self._aggregator = aggregator
+        self._kind = kind
+
+    @property
+    def aggregator(self) -> ModelAggregator:
+        """The wrapped aggregator."""
+        return self._aggregator
+
+    @property
+    def expected_data_kind(self) -> DataKind:
+        """The kind of DXO this aggregator accepts and returns."""
+        return self._kind
+
+    def start_round(self, current_round: int, load_global: Callable[[], Mapping[str, Any]]) -> None:
+        """Forwarded to the wrapped aggregator."""
+        self._aggregator.start_round(current_round, load_global)
+
+    def accept(self, shareable: Shareable, contributor: str, current_round: int) -> bool:
+        """Give ``contributor``'s result for ``current_round`` to the wrapped aggregator; False (logged) if refused."""
+        try:
+            dxo = self._acceptable_dxo(shareable, current_round)
+            metrics = dxo.meta.get("metrics")
+            model = FLModel(
+                params=dxo.data,
+                params_type=_PARAMS_TYPES[self._kind],
+                metrics=metrics if isinstance(metrics, dict) else None,
+                meta=dict(dxo.meta),
+                current_round=current_round,
+            )
+            self._aggregator.accept_model(model, contributor)
+        except (TypeError, ValueError) as e:  # also a return code or data kind that names no known value
+            logger.warning("result refused: contributor=%s round=%d reason=%s", contributor, current_round, e)
+            return False
+        logger.info("result accepted: contributor=%s round=%d", contributor, current_round)
+        return True
+
+    def _acceptable_dxo(self, shareable: Shareable, current_round: int) -> DXO:
+        code = shareable.get_return_code()
+        if code is not ReturnCode.OK:
+            raise ValueError(f"return code is {code.value}")
+        result_round = shareable.get_header(ReservedHeaderKey.CURRENT_ROUND)
+        if result_round is not None and result_round != current_round:
+            raise ValueError(f"it is a result of round {result_round}")
+        dxo = DXO.from_shareable(shareable)
+        if dxo.data_kind != self._kind:
+            raise ValueError(f"data kind is {DataKind(dxo.data_kind).value}, expected {self._kind.value}")
+        return dxo
+
+    def aggregate(self, current_round: int) -> Shareable:
+        """Return the wrapped aggregator's aggregate as a DXO of ``expected_data_kind`` in a Shareable.
+
+        Raises:
+            RuntimeError: As the wrapped aggregator's ``aggregate_model`` (e.g. too few results).
+        """
+        model = self._aggregator.aggregate_model()
+        meta: dict[str, Any] = {**model.meta, "current_round": current_round}
+        if model.metrics:
+            meta["metrics"] = model.metrics
+        return DXO(self._kind, dict(model.params or {}), meta).to_shareable()
+
+    def reset(self) -> None:
+        """Forget every accepted result (the wrapped aggregator's ``reset_stats``)."""
+        self._aggregator.reset_stats()

@@ -1,0 +1,89 @@
+"""ScatterAndGather against a real task queue, the test playing three clients, two of them liars:
+a refused result costs its site the round, never the job (whatever ``ignore_result_error`` says)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from engine.aggregators import DXOAggregator
+from engine.controller import TaskQueue
+from engine.controller.context import JobContext
+from engine.model import DXO, DataKind, MetaKey, ReservedHeaderKey, ReturnCode
+from engine.persistors import PTFileModelPersistor
+from engine.workflows import FullModelShareableGenerator, ScatterAndGather
+
+CLIENTS = ["site-1", "site-2", "site-3"]
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+
+def _next_task(queue: TaskQueue, client: str):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        assignment = queue.next_task(client)
+        if assignment is not None:
+            return assignment
+        time.sleep(0.01)
+    raise AssertionError(f"{client} got no task")
+
+
+def _result(kind: DataKind, value: float, current_round: int, metrics: dict | None = None):
+    data = {"fc.weight": torch.full((3, 4), value), "fc.bias": torch.full((3,), value)}
+    meta = {MetaKey.NUM_STEPS_CURRENT_ROUND: 1, "metrics": metrics or {}}
+    shareable = DXO(kind, data, meta).to_shareable()
+    shareable.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
+    shareable.set_return_code(ReturnCode.OK)
+    return shareable
+
+
+def test_liars_results_are_refused_and_the_round_goes_on_with_the_honest_one(tmp_path: Path) -> None:
+    queue = TaskQueue(CLIENTS)
+    persistor = PTFileModelPersistor(model=Net())
+    persistor.use_workspace(tmp_path)
+    events: list[tuple[str, dict]] = []
+    components = {
+        "persistor": persistor,
+        "aggregator": DXOAggregator(expected_data_kind="WEIGHTS"),
+        "shareable_generator": FullModelShareableGenerator(),
+    }
+    workflow = ScatterAndGather(
+        min_clients=1, num_rounds=1, wait_time_after_min_received=30, metric_ranges={"acc": [0, 1]}
+    )
+    workflow.bind(
+        queue,
+        context=JobContext(
+            workspace=tmp_path, components=components, report=lambda event, **f: events.append((event, f))
+        ),
+    )
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _capture(workflow.run, errors), daemon=True)
+    thread.start()
+
+    tasks = {client: _next_task(queue, client) for client in CLIENTS}
+    queue.submit("site-1", tasks["site-1"].task_id, _result(DataKind.WEIGHTS, float("nan"), 0))  # NaN
+    queue.submit("site-3", tasks["site-3"].task_id, _result(DataKind.WEIGHT_DIFF, 9.0, 0))  # wrong kind
+    queue.submit("site-2", tasks["site-2"].task_id, _result(DataKind.WEIGHTS, 3.0, 0, {"acc": 0.5, "x": 1e9}))
+    thread.join(10)
+
+    assert errors == []
+    assert torch.equal(persistor.load_model().params["fc.weight"], torch.full((3, 4), 3.0))
+    done = [fields for event, fields in events if event == "round_done"]
+    assert done[0]["clients"] == ["site-2"]
+    assert sorted(done[0]["refused"]) == ["site-1", "site-3"]
+    assert "holds NaN or infinite values" in done[0]["refused"]["site-1"]
+    queue.end_run()
+
+
+def _capture(function, errors: list[BaseException]) -> None:
+    try:
+        function()
+    except BaseException as e:  # noqa: BLE001 - handed to the test
+        errors.append(e)
