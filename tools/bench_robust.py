@@ -41,6 +41,7 @@ LIAR = "site-5"
 AGGREGATORS: dict[str, dict[str, Any] | None] = {
     "fedavg": None,
     "clip (max_norm 2)": {"path": "engine.aggregators.NormClippingAggregator", "args": {"max_norm": 2.0}},
+    "clip (max_norm 0.5)": {"path": "engine.aggregators.NormClippingAggregator", "args": {"max_norm": 0.5}},
     "median": {"path": "engine.aggregators.CoordinateMedianAggregator", "args": {}},
     "trimmed mean (0.2)": {"path": "engine.aggregators.TrimmedMeanAggregator", "args": {"trim_fraction": 0.2}},
     "multi-Krum (f=1, m=3)": {

@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from engine.aggregators.aggregator import Aggregator, ModelAggregator
-from engine.model import DXO, DataKind, FLModel, ParamsType, ReservedHeaderKey, ReturnCode, Shareable
+from engine.aggregators.dxo_aggregator import acceptable_dxo
+from engine.model import DXO, DataKind, FLModel, ParamsType, Shareable
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class ModelAggregatorAsDXO(Aggregator):
     def accept(self, shareable: Shareable, contributor: str, current_round: int) -> bool:
         """Give ``contributor``'s result for ``current_round`` to the wrapped aggregator; False (logged) if refused."""
         try:
-            dxo = self._acceptable_dxo(shareable, current_round)
+            dxo = acceptable_dxo(shareable, current_round, self._kind)
             metrics = dxo.meta.get("metrics")
             model = FLModel(
                 params=dxo.data,
@@ -87,18 +88,6 @@ class ModelAggregatorAsDXO(Aggregator):
             return False
         logger.info("result accepted: contributor=%s round=%d", contributor, current_round)
         return True
-
-    def _acceptable_dxo(self, shareable: Shareable, current_round: int) -> DXO:
-        code = shareable.get_return_code()
-        if code is not ReturnCode.OK:
-            raise ValueError(f"return code is {code.value}")
-        result_round = shareable.get_header(ReservedHeaderKey.CURRENT_ROUND)
-        if result_round is not None and result_round != current_round:
-            raise ValueError(f"it is a result of round {result_round}")
-        dxo = DXO.from_shareable(shareable)
-        if dxo.data_kind != self._kind:
-            raise ValueError(f"data kind is {DataKind(dxo.data_kind).value}, expected {self._kind.value}")
-        return dxo
 
     def aggregate(self, current_round: int) -> Shareable:
         """Return the wrapped aggregator's aggregate as a DXO of ``expected_data_kind`` in a Shareable.

@@ -110,19 +110,10 @@ class DXOAggregator(Aggregator):
     def _acceptable_dxo(self, shareable: Shareable, contributor: str, current_round: int) -> DXO | None:
         """The result's DXO if its headers and kind allow aggregating it; None (logged) otherwise."""
         try:
-            code = shareable.get_return_code()
-            if code is not ReturnCode.OK:
-                raise ValueError(f"return code is {code.value}")
-            result_round = shareable.get_header(ReservedHeaderKey.CURRENT_ROUND)
-            if result_round is not None and result_round != current_round:
-                raise ValueError(f"it is a result of round {result_round}")
-            dxo = DXO.from_shareable(shareable)
-            if dxo.data_kind != self._kind:
-                raise ValueError(f"data kind is {DataKind(dxo.data_kind).value}, expected {self._kind.value}")
+            return acceptable_dxo(shareable, current_round, self._kind)
         except ValueError as e:  # also a return code or data kind that names no known value
             _refuse(contributor, current_round, str(e))
             return None
-        return dxo
 
     def aggregate(self, current_round: int) -> Shareable:
         """Return the weighted mean as a DXO of ``expected_data_kind`` in a Shareable, then reset.
@@ -151,6 +142,25 @@ class DXOAggregator(Aggregator):
             self._helper.reset_stats()
             self._metrics.reset_stats()
             self._contributors.clear()
+
+
+def acceptable_dxo(shareable: Shareable, current_round: int, kind: DataKind) -> DXO:
+    """The DXO of a result that may be aggregated in ``current_round`` as ``kind``.
+
+    Raises:
+        ValueError: The return code is not OK, the ``current_round`` header names another
+            round, the result carries no DXO, or its DXO is of another kind.
+    """
+    code = shareable.get_return_code()
+    if code is not ReturnCode.OK:
+        raise ValueError(f"return code is {code.value}")
+    result_round = shareable.get_header(ReservedHeaderKey.CURRENT_ROUND)
+    if result_round is not None and result_round != current_round:
+        raise ValueError(f"it is a result of round {result_round}")
+    dxo = DXO.from_shareable(shareable)
+    if dxo.data_kind != kind:
+        raise ValueError(f"data kind is {DataKind(dxo.data_kind).value}, expected {kind.value}")
+    return dxo
 
 
 def _refuse(contributor: str, current_round: int, why: str) -> None:

@@ -30,7 +30,7 @@ def krum_scores(distances: torch.Tensor, num_byzantine: int) -> list[float]:
         num_byzantine: ``f``, the number of Byzantine results assumed.
     """
     count = distances.shape[0]
-    nearest = count - num_byzantine - 2
+    nearest = max(0, count - num_byzantine - 2)
     distances = torch.nan_to_num(distances.to(torch.float64), nan=math.inf)
     scores = []
     for i in range(count):
@@ -77,7 +77,8 @@ class KrumAggregator(KeptResultsAggregator):
     aggregate, DIFF results a DIFF one.
 
     A round needs ``n >= 2f + 3`` results (and ``n >= f + num_selected``): set the workflow's
-    ``min_clients`` to at least that.
+    ``min_clients`` to at least that. A round with fewer (sites died, or results were refused)
+    assumes as many Byzantine sites as fit, ``(n - 3) // 2``, logs it, and goes on (`assumed`).
 
     Defends against: up to ``f`` Byzantine sites whose whole update lies far from the honest
     ones (scaled, sign flipped, random or NaN updates); their scores are large, so they are not
@@ -139,20 +140,36 @@ class KrumAggregator(KeptResultsAggregator):
             weight *= local_steps(model.meta, contributor, self._max_local_steps)
         return weight
 
-    def _check_count(self, count: int) -> None:
-        needed = self.needed_results()
-        if count < needed:
-            raise RuntimeError(
-                f"Krum with num_byzantine = {self._num_byzantine} and num_selected = {self._num_selected} needs at "
-                f"least {needed} results (2 * num_byzantine + 3 and num_byzantine + num_selected), got {count}; "
-                "raise the workflow's min_clients or lower num_byzantine"
-            )
+    def assumed(self, count: int) -> tuple[int, int]:
+        """``(f, m)`` for a round of ``count`` results: the configured ones, or the most that fit.
+
+        With fewer than `needed_results` (sites died, or their results were refused: a refused
+        result is a liar already left out), Krum assumes as many Byzantine sites as the results
+        allow, ``f = (count - 3) // 2`` (at least 0), and selects at most ``count - f``, instead of
+        failing the round: a liar whose result is refused must not be able to stop the job.
+        """
+        if count >= self.needed_results():
+            return self._num_byzantine, self._num_selected
+        byzantine = max(0, min(self._num_byzantine, (count - 3) // 2))
+        selected = max(1, min(self._num_selected, count - byzantine))
+        logger.warning(
+            "krum: %d results, fewer than the %d that num_byzantine = %d and num_selected = %d need; "
+            "assuming num_byzantine = %d and selecting %d this round",
+            count,
+            self.needed_results(),
+            self._num_byzantine,
+            self._num_selected,
+            byzantine,
+            selected,
+        )
+        return byzantine, selected
 
     def _aggregate(self, results: list[KeptResult]) -> Aggregate:
+        byzantine, count = self.assumed(len(results))
         distances = pairwise_sq_distances(results, self._block_bytes)
-        scores = krum_scores(distances, self._num_byzantine)
+        scores = krum_scores(distances, byzantine)
         ranking = sorted(range(len(results)), key=lambda i: (scores[i], results[i].contributor))
-        selected = [results[i] for i in ranking[: self._num_selected]]
+        selected = [results[i] for i in ranking[:count]]
         total = sum(result.weight for result in selected)
         if total <= 0:
             raise ValueError(f"the selected results' total weight is {total}; no mean exists")
@@ -175,6 +192,7 @@ class KrumAggregator(KeptResultsAggregator):
         )
         meta: dict[str, Any] = {
             "selected": [result.contributor for result in selected],
+            "num_byzantine": byzantine,
             "krum_scores": {result.contributor: scores[i] for i, result in enumerate(results)},
         }
         return Aggregate(params, _weighted_metrics(selected), meta)

@@ -25,9 +25,6 @@ from pyhocon import ConfigParser
 from engine.config.problems import KeyPath
 
 _PUNCTUATION = "{}[],=:"
-# Characters that end an unquoted string (HOCON spec); the rest of the spec's forbidden set
-# (`^ ? ! @ * & \` ...) is kept inside the text so that odd input still makes progress.
-_TEXT_STOP = _PUNCTUATION + '"#$'
 _INCLUDE_KINDS = ("file", "url", "classpath", "package")
 _INCLUDE_CALLS = tuple(f"{name}(" for name in ("required", *_INCLUDE_KINDS))
 _SEPARATORS = ("=", ":", "+=")
@@ -41,6 +38,20 @@ _INCLUDE = re.compile(
     re.IGNORECASE,
 )
 _ESCAPE = re.compile(r"\\.", re.DOTALL)
+# An include whose target starts with a substitution: pyhocon's grammar wants a quoted string.
+_SUBSTITUTED_INCLUDE = re.compile(
+    r"include[ \t]*(?P<required>required[ \t]*\([ \t]*)?(?:(?P<kind>url|file|classpath|package)[ \t]*\([ \t]*)?"
+    r"(?P<written>\$\{[^\n]*)",
+    re.IGNORECASE,
+)
+# What the tokenizer skips in one step: the rest of a quoted string, of a ${...}, of unquoted
+# text. Unquoted text ends at whitespace, punctuation, a quote, `#`, `$`, `//` or `+=` (HOCON
+# spec); the rest of the spec's forbidden set (`^ ? ! @ * & \` ...) is kept inside the text so
+# that odd input still makes progress.
+_QUOTED_REST = re.compile(r'(?:[^"\\\n]++|\\(?s:.)?)*+')
+_SUBSTITUTION_REST = re.compile(r'(?:[^}\n"]++|"(?:[^"\\\n]++|\\(?s:.)?)*+"?)*+')
+_TEXT_REST = re.compile(r'(?:[^\s{}\[\],=:"#$/+]++|/(?!/)|\+(?!=))*+')
+_WHITESPACE = re.compile(r"(?:[^\S\n]|\ufeff)++")
 
 
 class _Token(NamedTuple):
@@ -107,6 +118,30 @@ def find_includes(text: str) -> list[IncludeDirective]:
     return includes
 
 
+def find_substituted_includes(text: str) -> list[IncludeDirective]:
+    """Return every include whose target is written with a substitution, e.g. ``include ${HOME}"/x.conf"``.
+
+    pyhocon cannot read one (a syntax error), and which file a job reads must not depend on the
+    environment anyway. The whole text is searched, as by `find_includes`.
+
+    Args:
+        text: HOCON source.
+
+    Returns:
+        The includes, each with ``target`` the rest of its line as written (``${HOME}"/x.conf"``).
+    """
+    includes = []
+    for keyword in _INCLUDE_KEYWORD.finditer(text):
+        match = _SUBSTITUTED_INCLUDE.match(text, keyword.start())
+        if match is None:
+            continue
+        kind = (match.group("kind") or "plain").lower()
+        line = text.count("\n", 0, keyword.start()) + 1
+        target = match.group("written").rstrip().rstrip(")").rstrip()
+        includes.append(IncludeDirective(target, kind, match.group("required") is not None, line))
+    return includes
+
+
 def _scan(text: str) -> _Walker:
     walker = _Walker(_tokenize(text))
     try:
@@ -128,9 +163,7 @@ def _tokenize(text: str) -> list[_Token]:
         if ch == "\n":
             kind, i = "nl", i + 1
         elif ch.isspace() or ch == "\ufeff":
-            while i < n and text[i] != "\n" and (text[i].isspace() or text[i] == "\ufeff"):
-                i += 1
-            kind = "ws"
+            kind, i = "ws", _end_of(_WHITESPACE, text, i)
         elif text.startswith('"""', i):
             end = _find(text, '"""', i + 3)
             while text.startswith('"', end + 3):  # quotes just before the closing three are content
@@ -159,29 +192,28 @@ def _find(text: str, needle: str, start: int) -> int:
     return len(text) if found < 0 else found
 
 
+def _end_of(pattern: re.Pattern[str], text: str, i: int) -> int:
+    """Index just past what ``pattern`` (which may match nothing) matches at `i`."""
+    match = pattern.match(text, i)
+    assert match is not None
+    return match.end()
+
+
 def _end_of_quoted(text: str, i: int) -> int:
     """Index just past the quoted string opening at `i`; an unclosed one stops at the newline."""
-    i += 1
-    while i < len(text) and text[i] not in '"\n':
-        i += 2 if text[i] == "\\" else 1
-    return i + 1 if i < len(text) and text[i] == '"' else min(i, len(text))
+    i = _end_of(_QUOTED_REST, text, i + 1)
+    return i + 1 if i < len(text) and text[i] == '"' else i
 
 
 def _end_of_substitution(text: str, i: int) -> int:
     """Index just past the ``${...}`` opening at `i`; an unclosed one stops at the newline."""
-    i += 2
-    while i < len(text) and text[i] not in "}\n":
-        i = _end_of_quoted(text, i) if text[i] == '"' else i + 1
+    i = _end_of(_SUBSTITUTION_REST, text, i + 2)
     return i + 1 if i < len(text) and text[i] == "}" else i
 
 
 def _end_of_text(text: str, i: int) -> int:
     """Index just past the unquoted string that continues at `i`."""
-    while i < len(text) and text[i] not in _TEXT_STOP and not text[i].isspace():
-        if text.startswith("//", i) or text.startswith("+=", i):
-            break
-        i += 1
-    return i
+    return _end_of(_TEXT_REST, text, i)
 
 
 def _string_content(quoted: str) -> str:

@@ -1,8 +1,23 @@
 """Reading one config file (HOCON ``.conf`` or ``.json``) into plain data that remembers its lines.
 
-HOCON goes through pyhocon (includes, ``${...}`` substitutions, ``${?ENV}`` fallbacks); JSON goes
-through the standard library. Either way the result is plain dicts, lists and scalars, plus a map
-from key path to the line it was written on, so later checks can point at the exact line.
+Config files are hostile input (a job arrives from another organisation), so reading one never
+hangs, recurses without bound, or lets out an exception other than `ConfigError`; every limit
+is a constant of `engine.config.limits`:
+
+- the file must be a regular file of at most `MAX_CONFIG_FILE_BYTES`, in UTF-8
+  (`read_config_text`);
+- `engine.config.scan` measures it (nesting, number of values) and reads a *plain* HOCON file
+  itself, with its key lines, about a thousand times faster than pyhocon;
+- JSON goes through the standard library, its lines mapped by the same scan;
+- anything else in HOCON (includes, ``${...}`` substitutions, ``${?ENV}`` fallbacks, ``+=``,
+  durations, ...) goes through pyhocon, once `engine.config.includes` has checked every include
+  (one existing file inside the job folder, named literally; a missing one is a problem, plain
+  or ``required``), once `MAX_FULL_HOCON_TOKENS` says pyhocon will not take long, and once
+  `expanded_size` says the substitutions will not blow up;
+- a number too large for a float (``1e999999``, 5000 digits) is a problem at its key.
+
+Either way the result is plain dicts, lists and scalars, plus a map from key path to the line it
+was written on, so later checks can point at the exact line.
 
 A job that a server or a site receives is read with ``environment=False``: a substitution the
 file does not define is a problem, never answered from the process environment (see
@@ -12,28 +27,31 @@ file does not define is a problem, never answered from the process environment (
 from __future__ import annotations
 
 import datetime
-import glob
 import json
-import os
+import math
 import re
+import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyparsing
 from pyhocon import ConfigFactory, ConfigTree
+from pyhocon.config_tree import NoneValue
 from pyhocon.exceptions import ConfigException, ConfigSubstitutionException
 
-from engine.config.locate import find_includes, locate_keys
+from engine.config.includes import check_includes
+from engine.config.limits import MAX_CONFIG_VALUES, MAX_FULL_HOCON_TOKENS, MAX_NESTING_DEPTH, read_config_text
+from engine.config.locate import locate_keys
 from engine.config.problems import KeyPath, Problem
-from engine.config.substitutions import EnvironmentReference, environment_references, resolve
+from engine.config.scan import ConfigScan, scan_config
+from engine.config.substitutions import EnvironmentReference, environment_references, expanded_size, resolve
 from engine.errors import ConfigError
 
 CONFIG_SUFFIXES = (".conf", ".json")
 
-_REMOTE_PREFIXES = ("http://", "https://", "file://")
 _PYHOCON_LINE = re.compile(r"\(line: (\d+), col: \d+\)")
 
 
@@ -81,28 +99,30 @@ def load_config(path: Path, display: str, root: Path, *, environment: bool = Tru
         The parsed document; its top level is always an object.
 
     Raises:
-        ConfigError: The file cannot be read or parsed, an include is refused, a substitution
-            would read the environment that may not, or the top level is not an object. Every
-            problem found is listed.
+        ConfigError: The file cannot be read or parsed, is over a limit of
+            `engine.config.limits`, an include is refused, a substitution would read the
+            environment that may not, a number is too large, or the top level is not an object.
+            Every problem found is listed.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError([Problem(display, None, (), f"cannot read the file: {e}")]) from e
-
-    key_lines = locate_keys(text)
+    text = read_config_text(path, display)
     if path.suffix == ".json":
+        scan = scan_config(text, display, json_file=True)
         data = _parse_json(text, display)
+        key_lines = scan.key_lines if scan.key_lines is not None else locate_keys(text)
     else:
-        files: dict[Path, str] = {}
-        problems = list(_check_includes(path, display, root, seen=files))
-        if problems:
-            raise ConfigError(problems)
-        data = _parse_hocon(ConfigDocument(path, display, {}, key_lines), environment, files)
+        scan = scan_config(text, display)
+        if scan.data is not None and scan.key_lines is not None:
+            data, key_lines = scan.data, scan.key_lines
+        else:
+            data, key_lines = _parse_hocon(path, display, text, scan, root, environment)
 
     if not isinstance(data, dict):
         raise ConfigError([Problem(display, 1, (), f"the top level must be an object, got {type_name(data)}")])
-    return ConfigDocument(path, display, data, key_lines)
+    document = ConfigDocument(path, display, data, key_lines)
+    problems = _number_problems(document)
+    if problems:
+        raise ConfigError(problems)
+    return document
 
 
 def type_name(value: Any) -> str:
@@ -130,31 +150,114 @@ def _parse_json(text: str, display: str) -> Any:
     except json.JSONDecodeError as e:
         problem = Problem(display, e.lineno, (), f"invalid JSON: {e.msg} at column {e.colno}")
         raise ConfigError([problem]) from e
+    except RecursionError as e:  # `scan_config` stops deep nesting first; this is the backstop
+        message = f"objects and lists nest more than {MAX_NESTING_DEPTH} levels deep"
+        raise ConfigError([Problem(display, None, (), message, "flatten it")]) from e
+    except ValueError:  # an integer past Python's digit limit: read it as too large, and say where
+        return json.loads(text, parse_int=_int_or_infinite)
 
 
-def _parse_hocon(file: ConfigDocument, environment: bool, files: dict[Path, str]) -> Any:
-    """Parse and resolve ``file`` (its lines known, its data not yet); ``files``: those it includes."""
-    display = file.display
-    tree = _with_pyhocon(display, lambda: ConfigFactory.parse_file(str(file.path), required=True, resolve=False))
+def _int_or_infinite(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        return math.inf  # `_number_problems` reports it at its key
+
+
+def _number_problems(document: ConfigDocument) -> list[Problem]:
+    """A problem for each number that did not fit a float (read as infinity) or is NaN."""
+    problems = []
+    pending: list[tuple[KeyPath, Any]] = [((), document.data)]
+    while pending:
+        key_path, value = pending.pop()
+        if isinstance(value, dict):
+            items: Any = value.items()
+        elif isinstance(value, list):
+            # one sum tells whether a long list of numbers holds an infinity or a NaN
+            if math.isfinite(sum(item for item in value if type(item) is float)):
+                pending.extend(((*key_path, i), item) for i, item in enumerate(value) if isinstance(item, (dict, list)))
+                continue
+            items = enumerate(value)
+        else:
+            continue
+        for key, item in items:
+            if isinstance(item, (dict, list)):
+                pending.append(((*key_path, key), item))
+            elif type(item) is float and not math.isfinite(item):
+                problems.append(_number_problem(document, (*key_path, key), item))
+    return sorted(problems, key=lambda p: p.line or 0)
+
+
+def _number_problem(document: ConfigDocument, key_path: KeyPath, value: float) -> Problem:
+    if math.isnan(value):
+        return document.problem(key_path, "NaN is not allowed in a config", "write a number, or null")
+    message = "the number is too large: beyond 1.8e308, or longer than 4300 digits"
+    return document.problem(key_path, message, "write a smaller number, or quote it to keep it as text")
+
+
+def _parse_hocon(
+    path: Path, display: str, text: str, scan: ConfigScan, root: Path, environment: bool
+) -> tuple[Any, dict[KeyPath, int]]:
+    """Check the includes and the size of a HOCON text that is not plain, then parse and resolve it with pyhocon."""
+    includes = check_includes(path, display, text, scan, root)
+    if includes.problems:
+        raise ConfigError(includes.problems)
+    if includes.tokens > MAX_FULL_HOCON_TOKENS:
+        raise ConfigError([_full_hocon_problem(display, scan)])
+    depth = includes.depth
+    file = ConfigDocument(path, display, {}, locate_keys(text))
+
+    basedir = str(path.parent)
+    tree = _with_pyhocon(display, depth, lambda: ConfigFactory.parse_string(text, basedir, resolve=False))
     if not environment:
         references = environment_references(tree)
         if references:
-            raise ConfigError(_environment_problems(references, file, files))
-    _with_pyhocon(display, lambda: resolve(tree, environment=environment))
-    return _to_plain(tree)
+            raise ConfigError(_environment_problems(references, file, includes.files))
+    size = expanded_size(tree, MAX_CONFIG_VALUES)
+    if size > MAX_CONFIG_VALUES:
+        message = f"substitutions would expand this file to more than {MAX_CONFIG_VALUES} values"
+        raise ConfigError([Problem(display, None, (), message, "refer to big values once, not over and over")])
+    _with_pyhocon(display, depth, lambda: resolve(tree, environment=environment))
+    try:
+        return _to_plain(tree, 0), file.key_lines
+    except _TooDeep:
+        message = f"substitutions nest objects and lists more than {MAX_NESTING_DEPTH} levels deep"
+        raise ConfigError([Problem(display, None, (), message, "flatten it")]) from None
+
+
+def _full_hocon_problem(display: str, scan: ConfigScan) -> Problem:
+    at = f"{scan.full_hocon_text!r}" if scan.full_hocon_text else "the end of the file"
+    message = (
+        f"{at} needs the full HOCON parser, which reads at most {MAX_FULL_HOCON_TOKENS} tokens, and this file "
+        "and its includes hold more (an include, ${...}, +=, a duration or values side by side need it, and so "
+        "does a syntax error)"
+    )
+    hint = "write plain HOCON or JSON, which has no such limit, or move big data to a data file the component reads"
+    return Problem(display, scan.full_hocon_line, (), message, hint)
 
 
 #: pyhocon changes pyparsing's global whitespace settings while it parses, so two threads
 #: parsing at once (two submits, or a submit while the scheduler loads a job) can misparse a
 #: valid file: every pyhocon step runs under this lock.
 _PYHOCON_LOCK = threading.Lock()
+#: Python frames pyparsing (and pyhocon's resolution) use per level of nesting; measured 25-35.
+_PYHOCON_FRAMES_PER_LEVEL = 40
 
 
-def _with_pyhocon(display: str, step: Callable[[], Any]) -> Any:
-    """Run a pyhocon step (one at a time); turn what it raises into a `ConfigError` naming the file and line."""
+def _with_pyhocon(display: str, depth: int, step: Callable[[], Any]) -> Any:
+    """Run a pyhocon step (one at a time); turn what it raises into a `ConfigError` naming the file and line.
+
+    ``depth``: how deep the file nests; the recursion limit is raised for the step to reach
+    `MAX_NESTING_DEPTH` (pyparsing recurses about 30 frames a level, 1000 would stop at 30).
+    """
     try:
         with _PYHOCON_LOCK:
-            return step()
+            limit = sys.getrecursionlimit()
+            sys.setrecursionlimit(limit + _PYHOCON_FRAMES_PER_LEVEL * depth)
+            try:
+                return step()
+            finally:
+                sys.setrecursionlimit(limit)
     except pyparsing.ParseBaseException as e:
         problem = Problem(display, e.lineno, (), f"syntax error: {e.msg} at column {e.col}")
         raise ConfigError([problem]) from e
@@ -208,12 +311,20 @@ def _environment_problems(
     return problems
 
 
-def _to_plain(value: Any) -> Any:
+class _TooDeep(Exception):
+    """Substitutions made the resolved tree deeper than `MAX_NESTING_DEPTH`."""
+
+
+def _to_plain(value: Any, depth: int) -> Any:
     """Turn pyhocon's trees and lists into plain dicts and lists (durations become seconds)."""
-    if isinstance(value, ConfigTree):
-        return {_unquote(key): _to_plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_to_plain(item) for item in value]
+    if isinstance(value, (ConfigTree, list)):
+        if depth > MAX_NESTING_DEPTH:
+            raise _TooDeep
+        if isinstance(value, ConfigTree):
+            return {_unquote(key): _to_plain(item, depth + 1) for key, item in value.items()}
+        return [_to_plain(item, depth + 1) for item in value]
+    if isinstance(value, NoneValue):  # pyhocon leaves these in lists nested in lists
+        return None
     if isinstance(value, datetime.timedelta):
         seconds = value.total_seconds()
         return int(seconds) if seconds.is_integer() else seconds
@@ -225,50 +336,3 @@ def _unquote(key: str) -> str:
     if len(key) >= 2 and key[0] == key[-1] == '"':
         return key[1:-1]
     return key
-
-
-def _check_includes(path: Path, display: str, root: Path, seen: dict[Path, str]) -> Iterator[Problem]:
-    """Yield a problem for each include, in ``path`` or what it includes, that leaves ``root``.
-
-    ``seen`` gathers every file read, by real path, with the name messages give it.
-    """
-    real = path.resolve()
-    if real in seen:
-        return
-    seen[real] = display
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return  # pyhocon reports unreadable files itself
-    root_real = root.resolve()
-    for include in find_includes(text):
-        where = (
-            f"include {include.kind}({include.target!r})" if include.kind != "plain" else f"include {include.target!r}"
-        )
-        if include.kind in ("url", "classpath", "package") or include.target.startswith(_REMOTE_PREFIXES):
-            yield Problem(display, include.line, (), f"{where}: only files inside the job folder may be included")
-            continue
-        pattern = os.path.normpath(os.path.join(path.parent, include.target))
-        targets = [Path(p) for p in glob.glob(pattern, recursive=True)] or [Path(pattern)]
-        outside = [t for t in targets if not _is_within(t, root_real)]
-        if outside:
-            yield Problem(
-                display,
-                include.line,
-                (),
-                f"{where} reaches outside the job folder {str(root)!r}",
-                "copy the shared file into the job folder",
-            )
-            continue
-        for target in targets:
-            if target.is_file():
-                target_display = os.path.normpath(os.path.join(os.path.dirname(display), include.target))
-                yield from _check_includes(target, target_display, root, seen)
-
-
-def _is_within(path: Path, root_real: Path) -> bool:
-    try:
-        path.resolve().relative_to(root_real)
-    except ValueError:
-        return False
-    return True

@@ -12,6 +12,9 @@ job's submitter), so:
 - `resolve` with ``environment=False`` resolves the rest with a parser that has no environment to
   fall back on, should a case slip past the first check.
 
+pyhocon copies what a substitution refers to, so ten lines of ``a{i} = [${a{i-1}}, ${a{i-1}}]``
+would resolve to a thousand copies, and thirty to a billion: `expanded_size` tells beforehand.
+
 Example::
 
     tree = ConfigFactory.parse_file(path, resolve=False)
@@ -21,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +124,62 @@ def resolve(tree: Any, *, environment: bool = True) -> None:
     parser.resolve_substitutions(tree)
 
 
+def expanded_size(tree: Any, limit: int) -> int:
+    """Return how many values resolving an unresolved pyhocon tree makes, at most; counting stops past ``limit``.
+
+    Each substitution counts as a copy of what it refers to (pyhocon copies it), a
+    self-reference (``a = ${a} [1]``) as the value it overrides, and every list and object as
+    one value besides its items. An upper bound: a concatenation of objects counts each in full.
+
+    Args:
+        tree: What ``ConfigFactory.parse_string(..., resolve=False)`` returned.
+        limit: Any count above it is returned as ``limit + 1``.
+    """
+    if not isinstance(tree, ConfigTree):
+        return 0
+    sizes: dict[int, int] = {}
+    parts: dict[int, list[Any]] = {}
+    open_values: set[int] = set()
+    pending: list[tuple[Any, ConfigValues | None, bool]] = [(tree, None, False)]  # (value, owner, parts counted)
+    while pending:
+        value, owner, counted = pending.pop()
+        if counted:
+            open_values.discard(id(value))
+            own = 1 if isinstance(value, (ConfigTree, list)) else 0
+            sizes[id(value)] = min(limit + 1, own + sum(sizes.get(id(part), 1) for part in parts.pop(id(value))))
+            continue
+        if id(value) in sizes or id(value) in open_values:
+            continue
+        found = _parts(tree, value, owner, open_values)
+        if found is None:
+            sizes[id(value)] = 1
+            continue
+        open_values.add(id(value))
+        parts[id(value)] = found
+        pending.append((value, owner, True))
+        part_owner = value if isinstance(value, ConfigValues) else owner
+        pending.extend((part, part_owner, False) for part in found)
+    return sizes[id(tree)]
+
+
+def _parts(tree: ConfigTree, value: Any, owner: ConfigValues | None, open_values: set[int]) -> list[Any] | None:
+    """What ``value`` is made of once resolved, for `expanded_size`; None for a scalar (one value)."""
+    if isinstance(value, ConfigTree):
+        return list(value.values())
+    if isinstance(value, list):
+        return value
+    if isinstance(value, ConfigValues):
+        return list(value.tokens)
+    if isinstance(value, ConfigSubstitution):
+        target = _lookup(tree, ConfigTree.parse_key(value.variable))
+        if id(target) in open_values:  # refers to itself: to the value it overrides
+            target = owner.overridden_value if owner is not None else None
+        if target is _MISSING or target is None or id(target) in open_values:
+            return None  # the environment, a string, or a cycle pyhocon reports
+        return [target]
+    return None
+
+
 class _DocumentOnlyParser(ConfigParser):
     """pyhocon's resolution, without its fallback on ``os.environ`` (it keeps no state: thread-safe)."""
 
@@ -184,20 +244,20 @@ def _substitutions(tree: ConfigTree) -> Iterator[tuple[KeyPath, ConfigSubstituti
     the history pyhocon keeps of each top-level key.
     """
     seen: set[int] = set()
-    pending: list[tuple[KeyPath, Any]] = [((), tree)]
+    pending: deque[tuple[KeyPath, Any]] = deque([((), tree)])
     pending += [((key,), item) for key, items in tree.history.items() for item in items]
     while pending:
-        key_path, value = pending.pop(0)
+        key_path, value = pending.popleft()
         if id(value) in seen:
             continue
         seen.add(id(value))
         if isinstance(value, ConfigSubstitution):
             yield key_path, value
         elif isinstance(value, ConfigValues):
-            pending[:0] = [(key_path, token) for token in value.tokens]
+            pending.extendleft(reversed([(key_path, token) for token in value.tokens]))
             if value.overridden_value is not None:
                 pending.append((key_path, value.overridden_value))
         elif isinstance(value, ConfigTree):
-            pending[:0] = [((*key_path, key), item) for key, item in value.items()]
+            pending.extendleft(reversed([((*key_path, key), item) for key, item in value.items()]))
         elif isinstance(value, list):
-            pending[:0] = [((*key_path, index), item) for index, item in enumerate(value)]
+            pending.extendleft(reversed([((*key_path, index), item) for index, item in enumerate(value)]))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from engine.model import FLModel
 from engine.paths import JobPaths
@@ -48,6 +50,15 @@ class ModelPersistor(ABC):
         Raises:
             PathOutsideError: A path leaves those folders (the message names the setting).
         """
+
+    def global_params_for_reading(self) -> Mapping[str, Any]:
+        """The current global model's params for reading a block at a time (as `load_model` gives them by default).
+
+        A persistor that keeps the global model in a file can hand out references that read it
+        on demand (``shape``, ``dtype``, ``read_elements``), so an aggregator that reads the
+        global model beside each result does not hold a second model in memory.
+        """
+        return self.load_model().params or {}
 
     @property
     def models_dir(self) -> Path:

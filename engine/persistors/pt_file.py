@@ -25,6 +25,7 @@ from engine.persistors.checkpoint_files import (
     write_safetensors_temp,
 )
 from engine.persistors.persistor import ModelPersistor
+from engine.persistors.saved_tensors import saved_tensor_refs
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +163,20 @@ class PTFileModelPersistor(ModelPersistor):
             self._handed_out = True
             return FLModel(params=params, params_type=ParamsType.FULL)
         return self._load_file(self._source, "source_ckpt_file_full_name")
+
+    def global_params_for_reading(self) -> Mapping[str, Any]:
+        """The last saved global model as references into its file (read a block at a time).
+
+        Before the first save this is `load_model`'s params. The references read the file by
+        name: valid until the next `save_model` renames a new checkpoint over it.
+        """
+        self.flush()
+        saved = self._models_dir / self._global_name if self._models_dir is not None else None
+        if self._saved and saved is not None and saved.is_file():
+            refs = saved_tensor_refs(saved)
+            self._check_matches_module(refs, saved, "global model")
+            return refs
+        return self.load_model().params or {}
 
     def _load_file(self, path: Path, what: str) -> FLModel:
         """The safetensors file ``path`` as FULL params in the module's order, checked against it."""

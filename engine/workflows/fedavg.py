@@ -217,8 +217,8 @@ class FedAvg(ModelController):
         accepted.append(client)
 
     def _global_params(self) -> dict[str, Any]:
-        """The global model's params as last saved (what the clients were sent this round)."""
-        return dict(self.load_model().params or {})
+        """The global model as last saved (what the clients were sent this round), read on demand if it can be."""
+        return dict(self.persistor.global_params_for_reading())
 
     def _aggregator(self) -> ModelAggregator:
         if self.aggregator_id is None:

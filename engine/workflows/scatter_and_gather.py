@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from typing import Any
 
 from engine.aggregators import Aggregator, ResultRules, release_values
 from engine.controller import ClientTask, Controller, ResultRefused, Task
 from engine.controller.context import DiskDownloadArea
-from engine.model import DXO, ReservedHeaderKey, ReturnCode, Shareable
+from engine.model import DXO, FLModel, ReservedHeaderKey, ReturnCode, Shareable
 from engine.paths import JobPaths
 from engine.persistors import ModelPersistor
 from engine.workflows.downloads import check_download_dir, disk_figures, receiving_to_disk, with_real_tensors
@@ -142,7 +143,7 @@ class ScatterAndGather(Controller):
             accepted: list[str] = []
             failures: dict[str, str] = {}
             refused: dict[str, str] = {}
-            aggregator.start_round(current_round, lambda: dict(persistor.load_model().params or {}))
+            aggregator.start_round(current_round, functools.partial(_params_of, model))  # held here anyway
 
             gather = functools.partial(self._gather, aggregator, current_round, accepted, failures, refused)
 
@@ -188,3 +189,8 @@ def _release(result: Shareable) -> None:
         release_values(DXO.from_shareable(result).data)
     except ValueError:
         pass
+
+
+def _params_of(model: FLModel) -> dict[str, Any]:
+    """The global model's params (what an aggregator that reads the global model is given)."""
+    return dict(model.params or {})

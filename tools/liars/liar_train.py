@@ -1,7 +1,9 @@
-"""A digits training script that lies: it trains as jobs/fedavg's train.py does, then corrupts what it sends.
+"""A digits training script that lies: jobs/fedavg's train.py, with what it sends corrupted.
 
 Only for tests and `tools/bench_robust.py` (a site that holds a valid key and lies); the job
-generator in `tools/liars/job.py` deploys it to the lying sites. ``--attack``:
+generator in `tools/liars/job.py` deploys it to the lying sites, beside ``train.py``. It runs
+``train.py`` itself, with the Client API's ``receive`` and ``send`` wrapped: the weights it
+received are kept, and each trained result is changed by ``--attack`` before it goes out:
 
 - ``none``: honest (the same as train.py);
 - ``scale``: sends the global model plus ``--factor`` times its update;
@@ -15,11 +17,11 @@ generator in `tools/liars/job.py` deploys it to the lying sites. ``--attack``:
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
 import torch
-from digits import load_split
-from net import Net
-from train import accuracy, train
+import train
 
 from engine import client as flare
 from engine.model import FLModel, ParamsType
@@ -31,62 +33,47 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--attack", choices=ATTACKS, default="none")
     parser.add_argument("--factor", type=float, default=10.0)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--num-shards", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--hidden", type=int, default=64)
-    args = parser.parse_args()
+    args, rest = parser.parse_known_args()
+    received: dict[str, torch.Tensor] = {}
+    honest_receive, honest_send = flare.receive, flare.send
 
-    torch.set_num_threads(1)
-    flare.init()
-    site_index = int(flare.get_site_name().rsplit("-", 1)[-1]) - 1
-    (train_x, train_y), (val_x, val_y) = load_split(site_index, args.num_shards)
-    torch.manual_seed(args.seed + site_index)
-    net = Net(hidden=args.hidden)
-    while flare.is_running():
-        received = flare.receive()
-        if received is None:
-            break
-        if flare.is_evaluate() or flare.get_task_name() == "submit_model":
-            flare.send(FLModel(metrics={"accuracy": 1.0}))
-            continue
-        net.load_state_dict(received.params)
-        base = {name: tensor.detach().clone() for name, tensor in net.state_dict().items()}
-        global_accuracy = accuracy(net, val_x, val_y)
-        steps = train(net, train_x, train_y, args)
-        trained = {name: tensor.detach().clone() for name, tensor in net.state_dict().items()}
-        sent, params_type = lie(args.attack, args.factor, base, trained)
-        metrics = {"global_accuracy": global_accuracy, "local_accuracy": accuracy(net, val_x, val_y)}
-        if args.attack == "metrics":
-            metrics = {"global_accuracy": 1e9, "local_accuracy": float("nan"), "\x1b[2Jowned": 1.0}
-        flare.send(
-            FLModel(
-                params=sent,
-                params_type=params_type,
-                metrics=metrics,
-                meta={"NUM_STEPS_CURRENT_ROUND": 10**9 if args.attack == "steps" else steps},
-            )
-        )
+    def receive(*a: Any, **k: Any) -> FLModel | None:
+        model = honest_receive(*a, **k)
+        received.clear()
+        if model is not None and model.params:
+            received.update({name: t.detach().clone() for name, t in model.params.items()})
+        return model
+
+    def send(model: FLModel, *a: Any, **k: Any) -> None:
+        if model.params and received and model.meta.get("NUM_STEPS_CURRENT_ROUND") is not None:
+            model = lie(args.attack, args.factor, received, model)
+        honest_send(model, *a, **k)
+
+    flare.receive, flare.send = receive, send  # train.py looks them up on the module at each call
+    sys.argv = [sys.argv[0], *rest]
+    train.main()
 
 
-def lie(
-    attack: str, factor: float, base: dict[str, torch.Tensor], trained: dict[str, torch.Tensor]
-) -> tuple[dict[str, torch.Tensor], ParamsType]:
-    """What the liar sends instead of ``trained`` (the weights it really trained from ``base``)."""
+def lie(attack: str, factor: float, base: dict[str, torch.Tensor], model: FLModel) -> FLModel:
+    """What the liar sends instead of ``model`` (the weights it really trained from ``base``)."""
+    trained = model.params or {}
     floats = {name for name, tensor in trained.items() if tensor.is_floating_point()}
-    if attack == "scale":
-        return {n: base[n] + factor * (t - base[n]) if n in floats else t for n, t in trained.items()}, ParamsType.FULL
-    if attack == "flip":
-        return {n: base[n] - factor * (t - base[n]) if n in floats else t for n, t in trained.items()}, ParamsType.FULL
-    if attack == "nan":
+    params, params_type = dict(trained), ParamsType.FULL
+    if attack in ("scale", "flip"):
+        sign = 1.0 if attack == "scale" else -1.0
+        params = {n: base[n] + sign * factor * (t - base[n]) if n in floats else t for n, t in trained.items()}
+    elif attack == "nan":
         first = sorted(floats)[0]
-        trained[first].view(-1)[0] = float("nan")
-        return trained, ParamsType.FULL
-    if attack == "diff":
-        return {n: t - base[n] for n, t in trained.items() if n in floats}, ParamsType.DIFF
-    return trained, ParamsType.FULL
+        params[first] = params[first].clone()
+        params[first].view(-1)[0] = float("nan")
+    elif attack == "diff":
+        params, params_type = {n: t - base[n] for n, t in trained.items() if n in floats}, ParamsType.DIFF
+    metrics, meta = model.metrics, dict(model.meta)
+    if attack == "metrics":
+        metrics = {"global_accuracy": 1e9, "local_accuracy": float("nan"), "\x1b[2Jowned": 1.0}
+    if attack == "steps":
+        meta["NUM_STEPS_CURRENT_ROUND"] = 10**9
+    return FLModel(params=params, params_type=params_type, metrics=metrics, meta=meta)
 
 
 if __name__ == "__main__":

@@ -122,25 +122,25 @@ def test_a_byzantine_result_far_from_the_others_is_never_selected(attack, select
 
 
 @pytest.mark.parametrize(
-    ("f", "selected", "count", "needed"),
-    [(1, 1, 4, 5), (2, 1, 6, 7), (1, 5, 5, 6)],
-    ids=["2f+3", "2f+3-f2", "f+selected"],
+    ("f", "selected", "count", "assumed_f", "assumed_selected"),
+    [(1, 1, 4, 0, 1), (2, 1, 6, 1, 1), (1, 5, 5, 1, 4), (1, 3, 2, 0, 2), (2, 2, 1, 0, 1)],
+    ids=["2f+3", "2f+3-f2", "f+selected", "two-left", "one-left"],
 )
-def test_too_few_results_are_refused_and_kept(f: int, selected: int, count: int, needed: int) -> None:
+def test_with_too_few_results_krum_assumes_the_byzantine_sites_that_fit_and_goes_on(
+    f: int, selected: int, count: int, assumed_f: int, assumed_selected: int
+) -> None:
+    # Fewer results than 2f + 3 happen when results are refused (each a liar left out already)
+    # or sites die: failing the round would let one refused liar stop the job.
     aggregator = KrumAggregator(num_byzantine=f, num_selected=selected)
-    for i in range(count):
-        aggregator.accept_model(result({"w": torch.full((2,), float(i))}), f"site-{i}")
+    values = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5][:count]
+    for i, value in enumerate(values):
+        aggregator.accept_model(result({"w": torch.full((2,), value)}), f"site-{i}")
 
-    with pytest.raises(
-        RuntimeError,
-        match=rf"Krum with num_byzantine = {f} and num_selected = {selected} needs at least {needed} results "
-        rf"\(2 \* num_byzantine \+ 3 and num_byzantine \+ num_selected\), got {count}; raise the workflow's min_clients",
-    ):
-        aggregator.aggregate_model()
+    aggregate = aggregator.aggregate_model()
 
-    for i in range(count, needed):
-        aggregator.accept_model(result({"w": torch.full((2,), float(i))}), f"site-{i}")
-    assert aggregator.aggregate_model().meta["nr_aggregated"] == needed
+    assert aggregate.meta["num_byzantine"] == assumed_f
+    assert len(aggregate.meta["selected"]) == assumed_selected
+    assert aggregate.meta["nr_aggregated"] == count
 
 
 def test_the_selected_results_metrics_are_their_weighted_mean() -> None:

@@ -107,7 +107,9 @@ def test_the_fedavg_example_brings_its_own_code() -> None:
     reasons = job_code_of(job)
 
     assert re.fullmatch(r"app/custom/ \(\d+ files\)", reasons[0])
-    assert reasons[1:] == [f"{SERVER}:29: components[0].args.model.path = net.Net"]
+    lines = (REPO / "jobs" / "fedavg" / SERVER).read_text(encoding="utf-8").splitlines()
+    line = next(number for number, text in enumerate(lines, 1) if "path = net.Net" in text)
+    assert reasons[1:] == [f"{SERVER}:{line}: components[0].args.model.path = net.Net"]
 
 
 def test_a_job_of_engine_components_brings_no_code(make_job: MakeJob) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.aggregators import NormClippingAggregator
 from engine.controller import TaskQueue
 from engine.controller.context import JobContext
 from engine.model import FLModel, ParamsType, ReturnCode
@@ -36,7 +37,7 @@ def run(tmp_path: Path):
     """Start FedAvg in a thread against a real queue; yield (queue, persistor, the thread)."""
     started = []
 
-    def start(**args) -> tuple[TaskQueue, PTFileModelPersistor, threading.Thread]:
+    def start(components: dict | None = None, **args) -> tuple[TaskQueue, PTFileModelPersistor, threading.Thread]:
         queue = TaskQueue(CLIENTS)
         persistor = PTFileModelPersistor(model=Net())
         persistor.use_workspace(tmp_path)
@@ -44,7 +45,7 @@ def run(tmp_path: Path):
         events: list[tuple[str, dict]] = []
         context = JobContext(
             workspace=tmp_path,
-            components={"persistor": persistor},
+            components={"persistor": persistor, **(components or {})},
             report=lambda event, **fields: events.append((event, fields)),
         )
         workflow.bind(queue, context=context)
@@ -233,3 +234,28 @@ def test_metrics_outside_the_declared_range_or_not_finite_do_not_count(run) -> N
     assert torch.equal(persistor.load_model().params["fc.weight"], torch.full((3, 4), 2.0))  # params still count
     done = [fields for event, fields in thread.events if event == "round_done"]  # type: ignore[attr-defined]
     assert done[0]["metrics"] == {"accuracy": 0.5, "loss": 0.25}  # only site-2's were accepted
+
+
+def test_clipping_reads_the_saved_global_model_and_bounds_a_scaled_update(run) -> None:
+    # The global model is fc.weight = 1, fc.bias = 2 (Net); site-1 moves every weight by +0.1,
+    # site-2 (the liar) by +100: its update is clipped to norm 1 before the weighted mean.
+    clip = NormClippingAggregator(max_norm=1.0)
+    queue, persistor, thread = run(num_rounds=1, aggregator_id="clip", components={"clip": clip})
+
+    first, second = next_task(queue, "site-1"), next_task(queue, "site-2")
+    queue.submit(
+        "site-1", first.task_id, reply({"fc.weight": torch.full((3, 4), 1.1), "fc.bias": torch.full((3,), 2.1)}, 1)
+    )
+    queue.submit(
+        "site-2", second.task_id, reply({"fc.weight": torch.full((3, 4), 101.0), "fc.bias": torch.full((3,), 102.0)}, 1)
+    )
+    thread.join(10)
+
+    assert thread.errors == []  # type: ignore[attr-defined]
+    honest = torch.full((15,), 0.1)  # site-1's update: norm 0.387 < 1, kept as it is
+    liar = torch.full((15,), 100.0)
+    liar = liar / liar.norm()  # clipped to norm 1
+    mean = (honest + liar) / 2
+    final = persistor.load_model().params
+    assert torch.allclose(final["fc.weight"], 1.0 + mean[:12].reshape(3, 4), atol=1e-6)
+    assert torch.allclose(final["fc.bias"], 2.0 + mean[12:], atol=1e-6)

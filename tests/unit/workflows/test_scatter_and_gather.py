@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from engine.aggregators import DXOAggregator
+from engine.aggregators import DXOAggregator, ModelAggregatorAsDXO, NormClippingAggregator
 from engine.controller import TaskQueue
 from engine.controller.context import JobContext
 from engine.model import DXO, DataKind, MetaKey, ReservedHeaderKey, ReturnCode
@@ -87,3 +87,31 @@ def _capture(function, errors: list[BaseException]) -> None:
         function()
     except BaseException as e:  # noqa: BLE001 - handed to the test
         errors.append(e)
+
+
+def test_clipping_through_the_dxo_adapter_clips_full_results_from_the_first_round(tmp_path: Path) -> None:
+    queue = TaskQueue(CLIENTS)
+    net = Net()
+    with torch.no_grad():
+        net.fc.weight.fill_(1.0)
+        net.fc.bias.fill_(1.0)
+    persistor = PTFileModelPersistor(model=net)
+    persistor.use_workspace(tmp_path)
+    clip = ModelAggregatorAsDXO(NormClippingAggregator(max_norm=1.0), expected_data_kind="WEIGHTS")
+    components = {"persistor": persistor, "aggregator": clip, "shareable_generator": FullModelShareableGenerator()}
+    workflow = ScatterAndGather(min_clients=3, num_rounds=1, wait_time_after_min_received=30)
+    workflow.bind(queue, context=JobContext(workspace=tmp_path, components=components))
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _capture(workflow.run, errors), daemon=True)
+    thread.start()
+
+    tasks = {client: _next_task(queue, client) for client in CLIENTS}
+    for client, value in (("site-1", 1.0), ("site-2", 1.0), ("site-3", 1001.0)):  # site-3 moves by +1000
+        queue.submit(client, tasks[client].task_id, _result(DataKind.WEIGHTS, value, 0))
+    thread.join(10)
+
+    assert errors == []
+    # Updates 0, 0 and 1000 per weight (15 weights): the last is clipped to norm 1, then the mean.
+    expected = 1.0 + (1.0 / 15**0.5) / 3
+    assert torch.allclose(persistor.load_model().params["fc.weight"], torch.full((3, 4), expected), atol=1e-6)
+    queue.end_run()
