@@ -2,21 +2,32 @@
 
 Every error flengine raises on purpose derives from `engine.errors.FlengineError`; it is caught
 once here and printed as one ``Error: ...`` line with the error's exit code, never a traceback.
+With ``--format json`` an error (a usage error too) is also printed on stdout as one JSON
+document, ``{"error": ..., "exit_code": N}`` (plus ``"problems"`` for an invalid job or file),
+so that stdout holds exactly one JSON document whatever happened.
+
+Exit codes: 0 success; 1 a failed command (an invalid job, a job that did not complete, a
+refused admin command; every `FlengineError` but one); 2 a usage error (`UsageError`, or
+arguments argparse rejects); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from engine import __version__
 from engine.config import Problem, validate_job
-from engine.errors import ConfigError, FlengineError
+from engine.config.problems import format_key_path
+from engine.errors import ConfigError, FlengineError, UsageError
 
 _DESCRIPTION = """\
 flengine runs federated-learning jobs described by folders of HOCON/JSON files.
@@ -27,24 +38,88 @@ config/config_fed_client.conf and an optional custom/ folder of job code."""
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``flengine`` command line and return its exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except _BadArguments as e:
+        if not _json_requested(argv):
+            argparse.ArgumentParser.error(e.parser, e.message)  # usage and message on stderr, exit 2
+        print(f"{e.parser.prog}: error: {e.message}", file=sys.stderr)
+        _print_json(_error_document(f"{e.parser.prog}: {e.message}", UsageError.exit_code))
+        return UsageError.exit_code
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    as_json = getattr(args, "format", "text") == "json"
     try:
         return args.handler(args)
     except FlengineError as e:
         print(f"Error: {e}", file=sys.stderr)
+        if as_json:
+            problems = e.problems if isinstance(e, ConfigError) else None
+            _print_json(_error_document(str(e), e.exit_code, problems))
         return e.exit_code
     except KeyboardInterrupt:
         print("Error: interrupted", file=sys.stderr)
+        if as_json:
+            _print_json(_error_document("interrupted", 130))
         return 130
 
 
+class _BadArguments(Exception):
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    """Raises `_BadArguments` instead of exiting, so that `main` can answer in JSON when asked to."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _BadArguments(self, message)
+
+
+def _json_requested(argv: Sequence[str]) -> bool:
+    """Whether the arguments ask for ``--format json``: a usage error must be answered in JSON too."""
+    pairs = zip(argv, argv[1:], strict=False)
+    return "--format=json" in argv or any(arg == "--format" and value == "json" for arg, value in pairs)
+
+
+def _print_json(document: Any) -> None:
+    print(json.dumps(document, indent=2, default=str))
+
+
+def _error_document(message: str, exit_code: int, problems: Sequence[Problem] | None = None) -> dict[str, Any]:
+    document: dict[str, Any] = {"error": message, "exit_code": exit_code}
+    if problems is not None:
+        document["problems"] = [_problem_json(problem) for problem in problems]
+    return document
+
+
+def _problem_json(problem: Problem) -> dict[str, Any]:
+    return {
+        "file": problem.file,
+        "line": problem.line,
+        "key_path": format_key_path(problem.key_path),
+        "message": problem.message,
+        "hint": problem.hint,
+    }
+
+
+def _add_verbose(parser: argparse.ArgumentParser, text: str = "log debug messages to stderr") -> None:
+    """``-v`` after the command too; SUPPRESS keeps the subcommand from resetting a ``-v`` given before it."""
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=text)
+
+
+def _add_format(parser: argparse.ArgumentParser, text: str = "text (default) or json") -> None:
+    parser.add_argument("--format", choices=("text", "json"), default="text", help=text)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="flengine",
         description=_DESCRIPTION,
         epilog=(
@@ -54,7 +129,15 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"flengine {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages to stderr")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help=(
+            "log debug messages (also after the command): this process's go to stderr; the server and client "
+            "processes of `run` and `server|client start` write theirs to log.txt in their workspace folder"
+        ),
+    )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
     validate = commands.add_parser(
@@ -64,8 +147,10 @@ def _parser() -> argparse.ArgumentParser:
             "Check each job folder: its files against the JSON Schemas, then a dry build of every "
             "component (the dotted path imports, the args fit the constructor, ids are unique, "
             "deploy_map names existing app folders). Prints every problem as "
-            "'file:line: key.path: what is wrong (hint)'. A file instead of a folder is checked as a project "
-            "file of `flengine provision`. Exits 0 when every job is valid, 1 otherwise."
+            "'file:line: key.path: what is wrong (hint)', or with --format json one document: "
+            '{"jobs": [{"job", "ok", "problems": [{"file", "line", "key_path", "message", "hint"}]}], '
+            '"checked", "invalid"}. A file instead of a folder is checked as a project '
+            "file of `flengine provision`. Exits 0 when every job is valid, 1 otherwise, 2 on a usage error."
         ),
     )
     validate.add_argument(
@@ -74,6 +159,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="JOB",
         help="a job folder, e.g. jobs/fedavg (several allowed: jobs/*), or a project file such as docs/project.conf",
     )
+    _add_format(validate, "text (one line per problem, default) or json (one document on stdout)")
+    _add_verbose(validate)
     validate.set_defaults(handler=_validate)
 
     run = commands.add_parser(
@@ -82,8 +169,9 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Run a job folder with a server process and N client processes (site-1 .. site-N) that "
             "talk over ZeroMQ on 127.0.0.1. Shows progress while it runs and a summary at the end; "
-            "logs, models and summary.json are left in the workspace. Exits 0 only when the job "
-            "finished completed."
+            "logs, models and summary.json are left in the workspace. With --format json the progress "
+            "goes to stderr and stdout gets summary.json's document alone. Exits 0 only when the job "
+            "finished completed, 130 when interrupted, 2 on a usage error, 1 otherwise."
         ),
     )
     run.add_argument("job", metavar="JOB", help="a job folder, e.g. jobs/fedavg")
@@ -102,6 +190,19 @@ def _parser() -> argparse.ArgumentParser:
             "source_ckpt_file_full_name); repeat for several (default: none, the job stays in its "
             "folder and the workspace)"
         ),
+    )
+    _add_format(
+        run,
+        "text (progress and a summary table on stdout, default) or json (progress on stderr, the summary "
+        "as one JSON document on stdout)",
+    )
+    run.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress lines and no summary table (summary.json is written)"
+    )
+    _add_verbose(
+        run,
+        "debug logging: the server's and the clients' in WORKSPACE/<site>/log.txt, this process's on stderr "
+        "(which shows its warnings even without -v)",
     )
     run.set_defaults(handler=_run)
     _add_provision_command(commands)
@@ -130,6 +231,7 @@ def _add_deploy_commands(commands: argparse._SubParsersAction) -> None:
             metavar="DIR",
             help="where jobs and logs go (default: <kit>/../<name>-workspace)",
         )
+        _add_verbose(start, "log debug messages too, to WORKSPACE/log.txt (where every log message of it goes)")
         start.set_defaults(handler=_server_start if role == "server" else _client_start)
     admin = commands.add_parser(
         "admin",
@@ -150,7 +252,8 @@ def _add_deploy_commands(commands: argparse._SubParsersAction) -> None:
     )
     admin.add_argument("args", nargs="*", metavar="ARG", help="its arguments: a job folder, a job id, a site")
     admin.add_argument("-o", "--output", default=None, metavar="DIR", help="download: where results go (default: .)")
-    admin.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+    _add_format(admin)
+    _add_verbose(admin)
     admin.set_defaults(handler=_admin)
 
 
@@ -187,7 +290,8 @@ def _add_poc_commands(commands: argparse._SubParsersAction) -> None:
     for action, text in helps.items():
         parser = actions.add_parser(action, help=text, description=text[:1].upper() + text[1:] + ".")
         parser.add_argument("-o", "--folder", default=None, metavar="DIR", help="the POC folder (default: ./poc)")
-        parser.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+        _add_format(parser)
+        _add_verbose(parser)
         if action == "prepare":
             parser.add_argument(
                 "-n",
@@ -240,18 +344,26 @@ def _add_provision_command(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="revoke participants the project file no longer names: off the server's allowlist, kit deleted",
     )
-    provision.add_argument(
-        "--format", choices=("text", "json"), default="text", help="text (one line per kit, default) or json"
-    )
+    _add_format(provision, "text (one line per kit, default) or json")
+    _add_verbose(provision)
     provision.set_defaults(handler=_provision)
 
 
 def _run(args: argparse.Namespace) -> int:
     from engine.runtime.simulator import run_simulation  # torch and zmq load only for this command
 
-    return run_simulation(
-        args.job, args.clients, args.workspace, verbose=args.verbose, allowed_dirs=args.allow_dirs
-    ).exit_code
+    as_json = args.format == "json"
+    with contextlib.ExitStack() as stack:
+        if args.quiet:
+            progress = stack.enter_context(open(os.devnull, "w", encoding="utf-8"))
+        else:
+            progress = sys.stderr if as_json else sys.stdout  # stdout holds the JSON document alone
+        result = run_simulation(
+            args.job, args.clients, args.workspace, out=progress, verbose=args.verbose, allowed_dirs=args.allow_dirs
+        )
+    if as_json:
+        _print_json(result.summary)
+    return result.exit_code
 
 
 def _provision(args: argparse.Namespace) -> int:
@@ -259,14 +371,16 @@ def _provision(args: argparse.Namespace) -> int:
 
     project, problems = inspect_project(args.project)
     if project is None:
-        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
-        print(f"Error: {args.project}: {count}; nothing was written", file=sys.stderr)
+        message = f"{args.project}: {_count(problems, 'problem')}; nothing was written"
+        print(f"Error: {message}", file=sys.stderr)
         for problem in problems:
             print(problem, file=sys.stderr)
+        if args.format == "json":
+            _print_json(_error_document(message, ConfigError.exit_code, problems))
         return ConfigError.exit_code
     report = provision(project, Path(args.output), remove=args.remove)
     if args.format == "json":
-        print(json.dumps(report.to_json(), indent=2))
+        _print_json(report.to_json())
         return 0
     width = max(len(kit.identity) for kit in report.kits)
     for kit in report.kits:
@@ -287,19 +401,26 @@ def _provision(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    invalid = 0
+    as_json = args.format == "json"
+    checked = []
     for job in args.jobs:
         problems = _validate_project(job) if Path(job).is_file() else validate_job(job)
+        checked.append({"job": job, "ok": not problems, "problems": [_problem_json(p) for p in problems]})
+        if as_json:
+            continue
         for problem in problems:
             print(problem)
-        if problems:
-            invalid += 1
-            print(f"{job}: {len(problems)} problem{'s' if len(problems) != 1 else ''}")
-        else:
-            print(f"{job}: ok")
-    if len(args.jobs) > 1:
+        print(f"{job}: {_count(problems, 'problem')}" if problems else f"{job}: ok")
+    invalid = sum(not entry["ok"] for entry in checked)
+    if as_json:
+        _print_json({"jobs": checked, "checked": len(checked), "invalid": invalid})
+    elif len(args.jobs) > 1:
         print(f"{len(args.jobs)} jobs checked, {invalid} invalid")
     return 1 if invalid else 0
+
+
+def _count(items: Sequence[object], what: str) -> str:
+    return f"{len(items)} {what}{'s' if len(items) != 1 else ''}"
 
 
 def _validate_project(path: str) -> list[Problem]:

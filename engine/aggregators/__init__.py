@@ -1,4 +1,9 @@
-"""Aggregators: fold weighted client results into one model (`WeightedAggregationHelper`, `DXOAggregator`)."""
+"""Aggregators: the checks a result passes (`ResultRules`) and the ways results become one model.
+
+The weighted mean (`WeightedModelAggregator`, `DXOAggregator`) and the robust aggregators that
+limit what a lying site can do (`NormClippingAggregator`, `CoordinateMedianAggregator`,
+`TrimmedMeanAggregator`, `KrumAggregator`; `ModelAggregatorAsDXO` for ScatterAndGather).
+"""
 
 from engine.aggregators.aggregator import (
     DEFAULT_MAX_LOCAL_STEPS,

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from engine.config.build import ComponentSpec, check_component, is_nested_component
+from engine.config.custom_files import check_custom_files
 from engine.config.jobcode import job_code_on_path
 from engine.config.layout import AppLayout, JobLayout, discover_layout
 from engine.config.problems import KeyPath, Problem
 from engine.config.schema import check_document, with_defaults
-from engine.config.source import ConfigDocument, load_config
+from engine.config.source import ConfigDocument, IncludeRefused, load_config
 from engine.errors import ConfigError
 
 ALL_SITES = "@ALL"
@@ -141,6 +142,10 @@ def _load_checked(
     """Load ``file`` and check it against ``schema``; add problems; return it when schema-valid."""
     try:
         document = load_config(file, layout.display_of(file), layout.folder, environment=environment)
+    except IncludeRefused as e:  # the rest of the file is still checked, so nothing hides behind it
+        found = check_document(e.partial, schema) if e.partial is not None else []
+        problems.extend(sorted([*e.problems, *_not_missing(found)], key=lambda p: p.line or 0))
+        return None
     except ConfigError as e:
         problems.extend(e.problems)
         return None
@@ -159,25 +164,49 @@ def _inspect_app(
         schema = f"config_fed_{side}"
         try:
             document = load_config(file, layout.display_of(file), layout.folder, environment=environment)
+        except IncludeRefused as e:  # the rest of the file is still checked, so nothing hides behind it
+            found = _check_app_config(e.partial, schema, app, build) if e.partial is not None else []
+            problems.extend(sorted([*e.problems, *_not_missing(found)], key=lambda p: p.line or 0))
+            continue
         except ConfigError as e:
             problems.extend(e.problems)
             continue
-        found = check_document(document, schema) + _check_ids(document)
-        if build:
-            found += _dry_build(document, app.custom_dir, reported={problem.key_path for problem in found})
-        problems.extend(sorted(found, key=lambda p: p.line or 0))
+        problems.extend(_check_app_config(document, schema, app, build))
         document.data = with_defaults(document.data, schema)
         setattr(result, side, document)
     return result
 
 
+def _check_app_config(document: ConfigDocument, schema: str, app: AppLayout, build: bool) -> list[Problem]:
+    """The problems of a loaded server or client config: schema, ids, components (built when ``build``)."""
+    found = check_document(document, schema) + _check_ids(document)
+    if build:
+        found += _dry_build(document, app.custom_dir, reported={problem.key_path for problem in found})
+    else:
+        found += [
+            problem
+            for spec in _component_specs(document)
+            for problem in check_custom_files(spec, document, app.custom_dir, build=False)
+        ]
+    return sorted(found, key=lambda p: p.line or 0)
+
+
+def _not_missing(problems: list[Problem]) -> list[Problem]:
+    """``problems`` less those about something missing: a refused include may have been what brings it."""
+    return [problem for problem in problems if not problem.message.startswith("missing")]
+
+
 def _dry_build(document: ConfigDocument, custom_dir: Path | None, reported: set[KeyPath]) -> list[Problem]:
-    """Check every component of ``document`` against its class: this imports the job's code."""
+    """Check every component of ``document`` against its class: this imports the job's code.
+
+    Args its class says name a file in custom/ (`engine.config.custom_files`) are checked too.
+    """
     found = []
     with job_code_on_path(custom_dir):
         for spec in _component_specs(document):
             # a key the schema already faulted (a workflow arg it knows) is said once
             found.extend(p for p in check_component(spec, document) if p.key_path not in reported)
+            found.extend(check_custom_files(spec, document, custom_dir, build=True))
     return found
 
 

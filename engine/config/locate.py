@@ -118,6 +118,23 @@ def find_includes(text: str) -> list[IncludeDirective]:
     return includes
 
 
+def without_includes(text: str) -> str:
+    """``text`` with every include directive `find_includes` or `find_substituted_includes` sees blanked.
+
+    Each directive is replaced by as many spaces as it has characters (its line breaks kept), so
+    the rest of the file keeps its lines and columns: a file whose includes were refused can
+    still be read for its other problems.
+    """
+    spans = [match.span() for match in _INCLUDE.finditer(text)]
+    spans += [match.span() for match in _SUBSTITUTED_INCLUDE.finditer(text)]
+    chars = list(text)
+    for begin, end in spans:
+        for index in range(begin, end):
+            if chars[index] != "\n":
+                chars[index] = " "
+    return "".join(chars)
+
+
 def find_substituted_includes(text: str) -> list[IncludeDirective]:
     """Return every include whose target is written with a substitution, e.g. ``include ${HOME}"/x.conf"``.
 

@@ -44,7 +44,7 @@ from pyhocon.exceptions import ConfigException, ConfigSubstitutionException
 
 from engine.config.includes import check_includes
 from engine.config.limits import MAX_CONFIG_VALUES, MAX_FULL_HOCON_TOKENS, MAX_NESTING_DEPTH, read_config_text
-from engine.config.locate import locate_keys
+from engine.config.locate import locate_keys, without_includes
 from engine.config.problems import KeyPath, Problem
 from engine.config.scan import ConfigScan, scan_config
 from engine.config.substitutions import EnvironmentReference, environment_references, expanded_size, resolve
@@ -201,7 +201,7 @@ def _parse_hocon(
     """Check the includes and the size of a HOCON text that is not plain, then parse and resolve it with pyhocon."""
     includes = check_includes(path, display, text, scan, root)
     if includes.problems:
-        raise ConfigError(includes.problems)
+        raise IncludeRefused(includes.problems, _without_includes(path, display, text, root, environment))
     if includes.tokens > MAX_FULL_HOCON_TOKENS:
         raise ConfigError([_full_hocon_problem(display, scan)])
     depth = includes.depth
@@ -223,6 +223,33 @@ def _parse_hocon(
     except _TooDeep:
         message = f"substitutions nest objects and lists more than {MAX_NESTING_DEPTH} levels deep"
         raise ConfigError([Problem(display, None, (), message, "flatten it")]) from None
+
+
+class IncludeRefused(ConfigError):
+    """An include of the file was refused; ``partial`` is the rest of the file, read without any include.
+
+    `engine.config.job` checks ``partial`` too, so that one bad include does not hide the file's
+    other problems. None when the file cannot be read without its includes (e.g. it refers to
+    something only they define).
+    """
+
+    def __init__(self, problems: list[Problem], partial: ConfigDocument | None) -> None:
+        super().__init__(problems)
+        self.partial = partial
+
+
+def _without_includes(path: Path, display: str, text: str, root: Path, environment: bool) -> ConfigDocument | None:
+    """The file read with every include blanked out (lines kept), or None when that cannot be read."""
+    blanked = without_includes(text)
+    try:
+        scan = scan_config(blanked, display)
+        if scan.data is not None and scan.key_lines is not None:
+            data, key_lines = scan.data, scan.key_lines
+        else:
+            data, key_lines = _parse_hocon(path, display, blanked, scan, root, environment)
+    except ConfigError:
+        return None
+    return ConfigDocument(path, display, data, key_lines) if isinstance(data, dict) else None
 
 
 def _full_hocon_problem(display: str, scan: ConfigScan) -> Problem:

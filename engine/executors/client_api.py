@@ -14,7 +14,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from engine.cells import Message, Reply, Status
 from engine.client.backends import (
@@ -75,6 +75,9 @@ class ClientAPIExecutor(Executor):
     ScatterAndGather. A script that raises fails its task (and every later one) with
     ``EXECUTION_EXCEPTION`` and the error as the reason.
     """
+
+    #: Args that name a file in the app's custom/ folder: `flengine validate` checks they exist.
+    CUSTOM_FILE_ARGS: ClassVar[tuple[str, ...]] = ("task_script_path",)
 
     def __init__(
         self,

@@ -87,6 +87,7 @@ class PTFileModelPersistor(ModelPersistor):
         self._negate = negate_key_metric
         self._source = None if source_ckpt_file_full_name is None else Path(source_ckpt_file_full_name)
         self._best: float | None = None
+        self._metrics_seen: set[str] = set()  # every metric name a saved model carried
         self._handed_out = False
         self._saved = False  # a global model was saved by this run
         self._commits = CheckpointCommits()
@@ -238,6 +239,7 @@ class PTFileModelPersistor(ModelPersistor):
         temp = write_safetensors_temp(tensors, path)
         del tensors
         moves = [(temp, path)]
+        self._metrics_seen.update(str(name) for name in (model.metrics or {}))
         score = self._score(model.metrics)
         if score is not None and (self._best is None or score > self._best):
             try:
@@ -252,6 +254,22 @@ class PTFileModelPersistor(ModelPersistor):
         self._saved = True
         logger.info("global model saved: file=%s", path)
         return path
+
+    def end_of_run_warnings(self) -> list[str]:
+        """Say, once the run is over, when ``key_metric`` never came with a saved model (no best model was written).
+
+        Returns:
+            One line naming the metrics that did come, e.g. ``key_metric 'acuracy' was never
+            reported; reported metrics: global_accuracy, local_accuracy (...)``; empty when the
+            key metric came, or when no model was saved at all (the run failed for another reason).
+        """
+        if not self._saved or self._key_metric in self._metrics_seen:
+            return []
+        reported = ", ".join(sorted(self._metrics_seen)) or "none"
+        return [
+            f"key_metric {self._key_metric!r} was never reported; reported metrics: {reported} "
+            f"(no {self._best_name} was written: set key_metric to one of them)"
+        ]
 
     def _score(self, metrics: Mapping[str, Any] | None) -> float | None:
         """The key metric as a higher-is-better score, or None when the model has none."""

@@ -90,13 +90,20 @@ def _run_server(job: Job, site: SiteSettings, folder: Path, args: argparse.Names
     signal.signal(signal.SIGTERM, lambda *_: server.abort("stopped by the simulator (SIGTERM)"))
     exit_with_parent(args.parent_pid, lambda: server.abort("the simulator went away"))
     started = time.time()
+    warnings: list[str] = []
     try:
         outcome = server.run()
-        state, reason, rounds = outcome.state, outcome.reason, outcome.rounds
+        state, reason, rounds, warnings = outcome.state, outcome.reason, outcome.rounds, outcome.warnings
     except Exception as e:
         log.exception("server job failed")
         state, reason, rounds = JobState.FINISHED_EXECUTION_EXCEPTION, f"{type(e).__name__}: {e}", server.rounds
-    record = {"state": state.value, "reason": reason, "rounds": rounds, "seconds": time.time() - started}
+    record = {
+        "state": state.value,
+        "reason": reason,
+        "rounds": rounds,
+        "warnings": warnings,
+        "seconds": time.time() - started,
+    }
     (folder / RESULT_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
     write_process_file(folder, args.site, chunks_served=server.chunks_served, tensor_pool=TENSOR_POOL.stats())
     events("job_done", state=state.value, reason=reason)

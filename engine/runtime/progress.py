@@ -10,12 +10,25 @@ from engine.text import printable
 MAX_LINE = 400
 
 
-class ProgressPrinter:
-    """Turns the server's progress events into short lines: round k of R, who trains, transfer rates."""
+#: Events shown only in detail (a terminal): the steps inside a round. Elsewhere (a pipe, a log
+#: file) a round is the one line of its end, so a 200-round job prints about 200 lines.
+DETAIL_EVENTS = frozenset({"round_started", "task_sent", "result_received"})
 
-    def __init__(self, out: IO[str], clients: list[str]) -> None:
+
+class ProgressPrinter:
+    """Turns the server's progress events into short lines: round k of R, who trains, transfer rates.
+
+    Args:
+        out: Where the lines go.
+        clients: The run's clients.
+        detail: Show each step of a round (who trains, each result with its MB/s); by default
+            when ``out`` is a terminal. Otherwise one line per round.
+    """
+
+    def __init__(self, out: IO[str], clients: list[str], detail: bool | None = None) -> None:
         self.out = out
         self.clients = clients
+        self.detail = _is_terminal(out) if detail is None else detail
         self.round = "?"
         self.total = "?"
         self.workflow = ""
@@ -32,10 +45,20 @@ class ProgressPrinter:
         return seen
 
     def show(self, event: dict[str, Any]) -> None:
+        """Print the line of one server event (round starts update the round number even when not shown)."""
         kind = event.get("event")
         handler = getattr(self, f"_on_{kind}", None)
-        if handler is not None:
-            handler(event)
+        if handler is None:
+            return
+        if kind in DETAIL_EVENTS and not self.detail:
+            if kind == "round_started":
+                self._track_round(event)
+            return
+        handler(event)
+
+    def _track_round(self, event: dict[str, Any]) -> None:
+        self.round = event.get("round", 0) + 1 if isinstance(event.get("round"), int) else "?"
+        self.total = event.get("total_rounds", "?")
 
     def _prefix(self) -> str:
         if self.round == "?" and self.total == "?" and self.workflow:
@@ -50,8 +73,7 @@ class ProgressPrinter:
         self.line(f"workflow {event['workflow']} started")
 
     def _on_round_started(self, event: dict[str, Any]) -> None:
-        self.round = event.get("round", 0) + 1 if isinstance(event.get("round"), int) else "?"
-        self.total = event.get("total_rounds", "?")
+        self._track_round(event)
         targets = event.get("clients")
         if targets is None or targets:
             self.line(f"{self._prefix()} sending the model to {', '.join(targets or []) or 'the clients'}")
@@ -63,6 +85,8 @@ class ProgressPrinter:
 
     def _on_result_received(self, event: dict[str, Any]) -> None:
         size, seconds = event.get("bytes", 0), event.get("seconds", 0.0)
+        if event.get("ok") is False or not size:  # a failed result, or a control task's: no transfer to show
+            return
         rate = f", {size / max(seconds, 1e-9) / 2**20:.0f} MiB/s" if size else ""
         self.line(
             f"{self._prefix()} {event['site']}: result received ({size / 2**20:.1f} MiB in {seconds:.2f} s{rate})"
@@ -92,8 +116,16 @@ class ProgressPrinter:
         self.line(f"server finished: {event.get('state')}{reason}")
 
 
+def _is_terminal(out: IO[str]) -> bool:
+    isatty = getattr(out, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except (OSError, ValueError):
+        return False
+
+
 def summary_table(summary: dict[str, Any]) -> list[str]:
-    """The lines of the end-of-run summary: rounds, refused results, processes with peak RSS.
+    """The lines of the end-of-run summary: rounds, refused results, processes with peak RSS, warnings.
 
     Every line is made `printable` (cut at `MAX_LINE`): metric names and reasons came from peers.
     """
@@ -118,6 +150,9 @@ def _summary_lines(summary: dict[str, Any]) -> list[str]:
         rss = entry.get("peak_rss_mb")
         lines.append(f"{site:<8}  {rss if rss is not None else '-':>14}  {entry.get('exit_code')}")
     lines += cross_site_table(summary.get("cross_site_val") or {})
+    warnings = summary.get("warnings") or []
+    if warnings:  # before the verdict, where a reader of a finished run looks
+        lines += ["", *(f"warning: {warning}" for warning in warnings)]
     reason = f" ({summary['reason']})" if summary.get("reason") else ""
     lines += [
         "",

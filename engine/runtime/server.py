@@ -27,7 +27,7 @@ from engine.config import Job
 from engine.controller import Controller, SubmitOutcome, TaskQueue
 from engine.controller.context import JobContext, ReceivedStatus
 from engine.errors import CellError
-from engine.model import DXO, FLModel, ReservedHeaderKey, Shareable
+from engine.model import DXO, FLModel, ReservedHeaderKey, ReturnCode, Shareable
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
 from engine.paths import JobPaths
 from engine.runtime import protocol
@@ -54,11 +54,20 @@ CLIENTS_READY_TIMEOUT_S = 120.0
 
 @dataclass
 class JobOutcome:
-    """How the server job ended."""
+    """How the server job ended.
+
+    Attributes:
+        state: The final state.
+        reason: Why it ended that way (empty when it completed).
+        rounds: Each finished round's record.
+        warnings: What components said was likely a mistake once the run was over
+            (`end_of_run_warnings`).
+    """
 
     state: JobState
     reason: str = ""
     rounds: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 class ServerJob:
@@ -154,6 +163,7 @@ class ServerJob:
             else:
                 outcome = self._run_workflows(workflows, context)
             outcome = _flush_components(components, outcome)
+            outcome.warnings = end_of_run_warnings({**components, **workflows})
         finally:
             self.queue.end_run()
             self._wait_end_heard()
@@ -347,7 +357,14 @@ class ServerJob:
             self.queue.fail_client_task(site, task_id, reason)
             return Reply(header={"outcome": "FAILED", "reason": reason}, status=Status.ERROR, reason=reason)
         seconds = time.monotonic() - started
-        self.report("result_received", site=site, task=task_name, bytes=payload_bytes(result), seconds=seconds)
+        self.report(
+            "result_received",
+            site=site,
+            task=task_name,
+            bytes=payload_bytes(result),
+            seconds=seconds,
+            ok=result.get_return_code() is ReturnCode.OK,
+        )
         outcome = self.queue.submit(site, task_id, result)
         if outcome is not SubmitOutcome.ACCEPTED:  # late or duplicate: nobody will read its files
             cleanup_lazy_refs(result)
@@ -374,6 +391,33 @@ class ServerJob:
                     self.queue.client_dead(site)
             except Exception:
                 log.exception("server monitor error")
+
+
+def end_of_run_warnings(components: dict[str, Any]) -> list[str]:
+    """Ask every component with an ``end_of_run_warnings()`` hook what looks like a mistake, now the run is over.
+
+    The hook is optional and returns lines such as ``key_metric 'acuracy' was never reported;
+    ...``; each is prefixed with the component's id. A hook that raises is logged and skipped:
+    a warning never fails a job.
+
+    Example::
+
+        class MyPersistor(ModelPersistor):
+            def end_of_run_warnings(self) -> list[str]:
+                return [] if self.saved_best else ["no model was ever the best"]
+    """
+    warnings = []
+    for component_id, component in components.items():
+        hook = getattr(component, "end_of_run_warnings", None)
+        if not callable(hook):
+            continue
+        try:
+            lines = hook()
+        except Exception:
+            log.exception("end_of_run_warnings failed component=%s", component_id)
+            continue
+        warnings.extend(f"{component_id}: {line}" for line in lines or [] if isinstance(line, str))
+    return warnings
 
 
 def _flush_components(components: dict[str, Any], outcome: JobOutcome) -> JobOutcome:

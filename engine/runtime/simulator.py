@@ -8,10 +8,12 @@ and prints a summary table.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
 import queue
+import shlex
 import shutil
 import subprocess
 import sys
@@ -24,13 +26,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from engine.config import Job, load_job
-from engine.errors import UsageError
+from engine.config.build import is_engine_component, resolve_dotted_path
+from engine.errors import DottedPathError, UsageError
 from engine.runtime.entry import RESULT_FILE
 from engine.runtime.process import LOG_FILE, PROCESS_FILE
 from engine.runtime.progress import ProgressPrinter, refused_counts, summary_table
 from engine.runtime.states import JobState
 from engine.security import write_site_key_folders
 from engine.site import INSECURE_WARNING, insecure_requested
+from engine.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,11 @@ CROSS_SITE_FILE = "cross_site_val.json"
 STARTUP_TIMEOUT_S = 60.0
 #: Seconds processes get to exit by themselves before they are terminated, then killed.
 STOP_GRACE_S = 20.0
+#: Lines of a process's stderr.txt shown when it exits early, and the most bytes read for them.
+ERROR_TAIL_LINES = 5
+ERROR_TAIL_BYTES = 16384
+#: The longest stderr line kept in a reason (a traceback line can be long).
+ERROR_LINE_CHARS = 300
 
 
 @dataclass
@@ -90,7 +99,104 @@ def run_simulation(
     folder = _prepare_workspace(job, workspace)
     job_id = folder.name
     run = _Run(job, clients, folder, job_id, out, verbose, insecure, allowed)
+    run.warnings = run_warnings(job, clients)
     return run.execute()
+
+
+def run_warnings(job: Job, clients: list[str]) -> list[str]:
+    """What in the job does not fit a run with these clients: said before the run, not an error.
+
+    - A workflow that samples ``num_clients`` per round (FedAvg) with fewer than the run has:
+      the others sit idle in some rounds, or in every round.
+    - A client executor whose ``task_script_args`` holds ``--num-shards K`` with K not the number
+      of clients. This is a heuristic for the digits example (``train.py`` deals its data into K
+      shards by site number): with more clients than shards, sites share a shard; with fewer,
+      part of the data is never used. A script that means something else by it is not harmed.
+
+    Returns:
+        One line per finding, naming the config file, its line, the key path and the fix.
+    """
+    n = len(clients)
+    warnings = []
+    server_app = job.app_for("server")
+    server = server_app.server if server_app is not None else None
+    if server is not None:
+        for i, entry in enumerate(server.data.get("workflows", [])):
+            sampled = _num_clients(entry)
+            if sampled is not None and sampled < n:
+                message = f"{sampled} clients sampled per round, but the run has {n}: each round trains only {sampled}"
+                hint = f"set num_clients = {n} to train them all"
+                warnings.append(str(server.problem(("workflows", i, "args", "num_clients"), message, hint)))
+    seen = set()
+    for site in clients:
+        app = job.app_for(site)
+        document = app.client if app is not None else None
+        if document is None or document.display in seen:
+            continue
+        seen.add(document.display)
+        for i, item in enumerate(document.data.get("executors", [])):
+            shards = _num_shards(item.get("executor", {}).get("args", {}).get("task_script_args"))
+            if shards is not None and shards != n:
+                message = (
+                    f"--num-shards {shards}, but the run has {n} clients: "
+                    f"{'sites share a shard' if n > shards else 'part of the data goes unused'}"
+                )
+                key_path = ("executors", i, "executor", "args", "task_script_args")
+                warnings.append(str(document.problem(key_path, message, f"write --num-shards {n}")))
+    return warnings
+
+
+def _num_clients(entry: Any) -> int | None:
+    """The ``num_clients`` a workflow entry samples: written in its args, else its class's default."""
+    if not isinstance(entry, dict):
+        return None
+    args = entry.get("args", {})
+    if isinstance(args, dict) and "num_clients" in args:
+        value = args["num_clients"]
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    path = entry.get("path")
+    if not isinstance(path, str) or not is_engine_component(path):
+        return None  # the job's own class: not imported here
+    try:
+        parameter = inspect.signature(resolve_dotted_path(path)).parameters.get("num_clients")
+    except (DottedPathError, TypeError, ValueError):
+        return None
+    default = parameter.default if parameter is not None else None
+    return default if isinstance(default, int) and not isinstance(default, bool) else None
+
+
+def _num_shards(script_args: Any) -> int | None:
+    """K of ``--num-shards K`` (or ``--num-shards=K``) in a ``task_script_args`` string, if there."""
+    if not isinstance(script_args, str):
+        return None
+    try:
+        words = shlex.split(script_args)
+    except ValueError:
+        return None
+    for i, word in enumerate(words):
+        value = None
+        if word == "--num-shards" and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith("--num-shards="):
+            value = word.split("=", 1)[1]
+        if value is not None and value.isdigit():
+            return int(value)
+    return None
+
+
+def error_tail(file: Path, lines: int = ERROR_TAIL_LINES) -> list[str]:
+    """The last non-empty ``lines`` of a process's ``stderr.txt``, each made `printable` and cut short.
+
+    At most `ERROR_TAIL_BYTES` are read from the end; a missing file gives no lines.
+    """
+    try:
+        with file.open("rb") as stream:
+            stream.seek(max(stream.seek(0, os.SEEK_END) - ERROR_TAIL_BYTES, 0))
+            text = stream.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    kept = [line.rstrip() for line in text.splitlines() if line.strip()]
+    return [printable(line, ERROR_LINE_CHARS) for line in kept[-lines:]]
 
 
 def _insecure(job: Job, sites: list[str]) -> bool:
@@ -172,14 +278,19 @@ class _Run:
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.printer = ProgressPrinter(out, clients)
         self.started = time.monotonic()
+        #: Said before the run starts and kept in summary.json (`run_warnings`).
+        self.warnings: list[str] = []
+        self._workflows_started = False
 
     def execute(self) -> SimulationResult:
         self._enter(JobState.SUBMITTED)
         self.printer.line(f"job {self.job.name}: {len(self.clients)} clients, workspace {self.folder}")
         if self.insecure:
             self.printer.line(INSECURE_WARNING)
+        for warning in self.warnings:
+            self.printer.line(f"warning: {warning}")
         state, reason = JobState.FINISHED_EXECUTION_EXCEPTION, ""
-        interrupted = False
+        interrupted = client_failed = False
         try:
             if not self.insecure:  # removed in the finally below, whatever happens
                 (self.folder / KEYS_FOLDER).mkdir(mode=0o700)
@@ -187,6 +298,9 @@ class _Run:
             state, reason = self._supervise()
         except _ServerFailed as e:
             state, reason = JobState.FINISHED_EXECUTION_EXCEPTION, str(e)
+        except _ClientFailed as e:  # the server, stopped for it, would only say it was stopped
+            state, reason = JobState.FINISHED_EXECUTION_EXCEPTION, str(e)
+            client_failed = True
         except KeyboardInterrupt:
             self.printer.line("interrupted: stopping the job")
             state, reason = JobState.FINISHED_ABORTED, "interrupted (Ctrl-C)"
@@ -196,7 +310,7 @@ class _Run:
             self._stop_all(interrupted or self._server_result()[0] is None)
             shutil.rmtree(self.folder / KEYS_FOLDER, ignore_errors=True)
         result_state, result_reason = self._server_result()
-        if state is not JobState.FINISHED_ABORTED and result_state is not None:
+        if state is not JobState.FINISHED_ABORTED and not client_failed and result_state is not None:
             state, reason = result_state, result_reason or reason
         self._enter(state)
         summary = self._write_summary(state, reason)
@@ -223,11 +337,35 @@ class _Run:
                 server.wait(STOP_GRACE_S)
                 return self._server_result() if self._server_result()[0] else self._crashed("server")
             if event:
+                self._workflows_started = self._workflows_started or event.get("event") == "workflow_started"
                 self.printer.show(event)
-            for site in self.clients:
-                code = self.processes[site].poll()
-                if code not in (None, 0) and not self.printer.noted(site):
-                    self.printer.line(f"{site} exited with code {code}; see {self.folder / site / LOG_FILE}")
+            self._check_clients()
+
+    def _check_clients(self) -> None:
+        """Show a client that exited with an error, with its last error lines; end the run if it is too early.
+
+        Before the first workflow starts the server waits for every client, so a client that is
+        gone makes the run end at once, instead of after the server's wait for clients. Once the
+        workflows run, they decide (a dead client is one the job may do without).
+
+        Raises:
+            _ClientFailed: A client exited with an error before the first workflow started.
+        """
+        for site in self.clients:
+            code = self.processes[site].poll()
+            if code in (None, 0) or self.printer.noted(site):
+                continue
+            errors = self.folder / site / "stderr.txt"
+            tail = error_tail(errors)
+            when = "during the job" if self._workflows_started else "before the job started"
+            log_file = self.folder / site / LOG_FILE
+            self.printer.line(f"{site} exited with code {code} {when}; see {errors} and {log_file}")
+            for line in tail:
+                self.printer.line(f"  {site}: {line}")
+            if not self._workflows_started:
+                last = f": {' | '.join(tail)}" if tail else " (nothing on its stderr)"
+                reason = f"the {site} process exited (code {code}) before the job started{last}; see {errors}"
+                raise _ClientFailed(reason)
 
     def _wait_endpoint(self) -> str:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -319,10 +457,12 @@ class _Run:
 
     def _write_summary(self, state: JobState, reason: str) -> dict[str, Any]:
         rounds: list[dict[str, Any]] = []
+        server_warnings: list[str] = []
         try:
             record = json.loads((self.folder / "server" / RESULT_FILE).read_text(encoding="utf-8"))
             rounds = record.get("rounds", [])
-        except (OSError, ValueError):
+            server_warnings = [str(line) for line in record.get("warnings") or []]
+        except (OSError, ValueError, AttributeError):
             pass
         processes = {}
         for site, process in self.processes.items():
@@ -344,6 +484,7 @@ class _Run:
             "seconds": round(time.monotonic() - self.started, 2),
             "rounds": rounds,
             "refused": refused_counts(rounds),
+            "warnings": [*self.warnings, *server_warnings],
             "processes": processes,
         }
         matrix_file = self.folder / "server" / CROSS_SITE_FILE
@@ -358,3 +499,7 @@ class _Run:
 
 class _ServerFailed(Exception):
     pass
+
+
+class _ClientFailed(Exception):
+    """A client process exited with an error before the job started; the message is the run's reason."""

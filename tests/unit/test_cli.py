@@ -47,7 +47,7 @@ def test_help_reads_well(capsys: pytest.CaptureFixture[str]) -> None:
 
     out = capsys.readouterr().out
     assert caught.value.code == 0
-    assert "usage: flengine validate [-h] JOB [JOB ...]" in out
+    assert "usage: flengine validate [-h] [--format {text,json}] [-v] JOB [JOB ...]" in out
     assert "file:line: key.path: what is wrong (hint)" in out
 
 

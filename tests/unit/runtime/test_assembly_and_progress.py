@@ -265,7 +265,7 @@ def out() -> io.StringIO:
 
 @pytest.fixture
 def printer(out: io.StringIO) -> ProgressPrinter:
-    return ProgressPrinter(out, ["site-1", "site-2"])
+    return ProgressPrinter(out, ["site-1", "site-2"], detail=True)
 
 
 @pytest.mark.parametrize(
@@ -296,11 +296,6 @@ def printer(out: io.StringIO) -> ProgressPrinter:
             {"event": "result_received", "site": "site-2", "bytes": 3 * 2**20, "seconds": 1.5},
             "[round ?/?] site-2: result received (3.0 MiB in 1.50 s, 2 MiB/s)",
             id="result_received",
-        ),
-        pytest.param(
-            {"event": "result_received", "site": "site-2"},
-            "[round ?/?] site-2: result received (0.0 MiB in 0.00 s)",
-            id="result_received-empty",
         ),
         pytest.param(
             {
@@ -341,7 +336,16 @@ def test_each_event_prints_one_line(printer: ProgressPrinter, out: io.StringIO, 
     assert out.getvalue() == line + "\n"
 
 
-@pytest.mark.parametrize("event", [{"event": "heartbeat"}, {}], ids=["unknown", "no-event"])
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"event": "heartbeat"},
+        {},
+        {"event": "result_received", "site": "site-2", "bytes": 0, "seconds": 0.0},
+        {"event": "result_received", "site": "site-2", "bytes": 2**20, "seconds": 1.0, "ok": False},
+    ],
+    ids=["unknown", "no-event", "control-task-result", "failed-result"],
+)
 def test_other_events_print_nothing(printer: ProgressPrinter, out: io.StringIO, event: dict) -> None:
     printer.show(event)
 
@@ -509,7 +513,7 @@ def test_summary_table_shows_the_cross_site_matrix_one_metric_per_cell() -> None
 
 
 def test_swarm_rounds_show_their_own_number_and_workflow_lines_their_name(out: io.StringIO) -> None:
-    printer = ProgressPrinter(out, ["site-1"])
+    printer = ProgressPrinter(out, ["site-1"], detail=True)
 
     printer.show({"event": "workflow_started", "workflow": "swarm"})
     printer.show({"event": "task_sent", "site": "site-1", "task": "swarm_config"})
@@ -521,4 +525,25 @@ def test_swarm_rounds_show_their_own_number_and_workflow_lines_their_name(out: i
         "[swarm] site-1: swarm_config started",
         "[round 2/3] started",
         "[round 1/3] done in 1.00 s, 1 result",
+    ]
+
+
+def test_outside_a_terminal_a_round_is_one_line() -> None:
+    out = io.StringIO()  # not a terminal: a pipe, a log file
+    printer = ProgressPrinter(out, ["site-1", "site-2"])
+    for event in (
+        {"event": "workflow_started", "workflow": "fedavg"},
+        {"event": "round_started", "round": 0, "total_rounds": 2, "clients": ["site-1", "site-2"]},
+        {"event": "task_sent", "site": "site-1", "task": "train"},
+        {"event": "result_received", "site": "site-1", "bytes": 2**20, "seconds": 0.5},
+        {"event": "round_done", "round": 0, "time_s": 1.0, "clients": ["site-1"], "refused": {"site-2": "NaN"}},
+        {"event": "round_started", "round": 1, "total_rounds": 2, "clients": ["site-1", "site-2"]},
+        {"event": "client_dead", "site": "site-2"},
+    ):
+        printer.show(event)
+
+    assert out.getvalue().splitlines() == [
+        "workflow fedavg started",
+        "[round 1/2] done in 1.00 s, 1 result; refused: site-2",
+        "[round 2/2] site-2: stopped answering (CLIENT_DEAD)",
     ]
