@@ -124,7 +124,8 @@ def _parser() -> argparse.ArgumentParser:
         description=_DESCRIPTION,
         epilog=(
             "examples:\n  flengine run jobs/fedavg     run the job: a server and 2 clients on this machine\n"
-            "  flengine validate jobs/*     check every job of the jobs/ folder"
+            "  flengine validate jobs/*     check every job of the jobs/ folder\n"
+            "  flengine new my-job          write a FedAvg job folder to start from (--template swarm|cse)"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -205,10 +206,60 @@ def _parser() -> argparse.ArgumentParser:
         "(which shows its warnings even without -v)",
     )
     run.set_defaults(handler=_run)
+    _add_new_command(commands)
     _add_provision_command(commands)
     _add_deploy_commands(commands)
     _add_poc_commands(commands)
     return parser
+
+
+def _add_new_command(commands: argparse._SubParsersAction) -> None:
+    from engine.config.new_job import DEFAULT_TEMPLATE, TEMPLATES
+
+    new = commands.add_parser(
+        "new",
+        help="write a job folder to start from: FedAvg, Swarm or Swarm with cross-site evaluation",
+        description=(
+            "Write the job folder DIR/NAME from a template: meta.conf, app/config/*.conf (every key "
+            "with a comment saying what it does and the usual alternatives) and app/custom/ (the "
+            "digits MLP, its data and a training script written with the Client API). The job "
+            "validates and runs as written: flengine run NAME. Templates: "
+            + "; ".join(f"{name}: {what}" for name, what in TEMPLATES.items())
+            + ". Exits 0 when written, 2 when NAME is not a plain folder name or DIR/NAME exists "
+            "and is not empty."
+        ),
+    )
+    new.add_argument("name", metavar="NAME", help="the job's folder and name, e.g. my-job (no slashes)")
+    new.add_argument(
+        "-t",
+        "--template",
+        choices=tuple(TEMPLATES),
+        default=DEFAULT_TEMPLATE,
+        help=f"{', '.join(TEMPLATES)} (default: {DEFAULT_TEMPLATE})",
+    )
+    new.add_argument(
+        "--dir", default=".", metavar="DIR", help="the folder the job folder goes in (default: the current folder)"
+    )
+    new.add_argument(
+        "--rounds", type=int, default=None, metavar="N", help="rounds of training (default: the template's, 3)"
+    )
+    _add_format(new, "text (the files written, default) or json")
+    _add_verbose(new)
+    new.set_defaults(handler=_new)
+
+
+def _new(args: argparse.Namespace) -> int:
+    from engine.config.new_job import new_job
+
+    job = new_job(args.name, args.template, args.dir, args.rounds)
+    if args.format == "json":
+        _print_json({"job": str(job.folder), "template": job.template, "files": job.files})
+        return 0
+    print(f"wrote job {args.name} ({job.template}) in {job.folder}:")
+    for file in job.files:
+        print(f"  {file}")
+    print(f"next: flengine validate {job.folder} && flengine run {job.folder}")
+    return 0
 
 
 def _add_deploy_commands(commands: argparse._SubParsersAction) -> None:

@@ -3,6 +3,10 @@
 `init`, `receive`, `send`, `is_running`, `get_site_name`, `get_job_id`, `get_task_name`,
 `is_train`, `is_evaluate` and `log`. The script runs in a thread of the client process
 (``execution_mode = in_process``) or as its own process (``subprocess``); the calls are the same.
+
+``send(model)`` hands ``model.params`` to the engine (``clear_cache=True``, the default): reading
+them afterwards raises `ParamsHandedOverError`, and the memory is reused by the next ``receive()``
+(see `engine.client.handover`).
 """
 
 from engine.client.api import (
@@ -18,11 +22,14 @@ from engine.client.api import (
     send,
 )
 from engine.client.exchange import ClientAPIError, TaskExchange, TaskItem
+from engine.client.handover import HandedOverParams, ParamsHandedOverError
 from engine.model import FLModel, ParamsType
 
 __all__ = [
     "ClientAPIError",
     "FLModel",
+    "HandedOverParams",
+    "ParamsHandedOverError",
     "ParamsType",
     "TaskExchange",
     "TaskItem",

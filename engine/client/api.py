@@ -14,10 +14,12 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from engine.client.backends import SubprocessBackend, install_backend, installed_backend
 from engine.client.exchange import ClientAPIError
+from engine.client.handover import HANDED_OVER_MESSAGE, ParamsHandedOverError, hand_over, is_handed_over
 from engine.model import FLModel
 
 #: Task names that `is_train` and `is_evaluate` recognise.
@@ -44,18 +46,40 @@ def receive(timeout: float | None = None) -> FLModel | None:
 def send(model: FLModel, clear_cache: bool = True) -> None:
     """Return ``model`` as the result of the task received last.
 
+    With ``clear_cache=True`` (the default, as in NVIDIA FLARE) the params of ``model`` are
+    handed to the engine: from the moment `send` returns, ``model.params`` (and the params of
+    the received model, where they hold any of the same tensors, as in
+    ``FLModel(params=received.params)``) raise `ParamsHandedOverError` on every read; the engine
+    serves the tensors to the server and drops them once it has pulled them, so their memory
+    goes back to the tensor pool and the next `receive` reuses it. The tensors themselves are
+    not touched; a dict or tensor the script keeps by another name stays valid (and keeps its
+    memory). Changing them before the result is pulled changes what the server gets.
+
     Args:
         model: The result: params (full weights or a difference), metrics, meta such as
             ``NUM_STEPS_CURRENT_ROUND``.
-        clear_cache: Drop the engine's references to the received model, so its tensors can be
-            freed once the script lets go of them too.
+        clear_cache: True: hand the params over as above, and forget the received task.
+            False: leave both models as they are (the script keeps every tensor, and so the
+            memory of the received model and the sent one, until it lets go of them).
+
+    Raises:
+        ClientAPIError: No task was received, or the executor went away.
+        ParamsHandedOverError: ``model``'s params were handed over by an earlier `send`.
     """
     backend = _backend()
     if backend.current is None:
         raise ClientAPIError("send() without a task: call receive() first and send one result per task")
-    backend.send(model)
-    if clear_cache:
-        backend.current = None
+    if is_handed_over(model):
+        raise ParamsHandedOverError(HANDED_OVER_MESSAGE)
+    if not clear_cache:
+        backend.send(model)
+        return
+    received = backend.current.model
+    # The engine gets an FLModel of its own (the same params), so emptying the script's one
+    # below cannot race with an executor thread that is still reading it.
+    backend.send(dataclasses.replace(model))
+    hand_over(model, received)
+    backend.current = None
 
 
 def is_running() -> bool:

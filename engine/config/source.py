@@ -110,11 +110,7 @@ def load_config(path: Path, display: str, root: Path, *, environment: bool = Tru
         data = _parse_json(text, display)
         key_lines = scan.key_lines if scan.key_lines is not None else locate_keys(text)
     else:
-        scan = scan_config(text, display)
-        if scan.data is not None and scan.key_lines is not None:
-            data, key_lines = scan.data, scan.key_lines
-        else:
-            data, key_lines = _parse_hocon(path, display, text, scan, root, environment)
+        data, key_lines = _read_hocon(path, display, text, root, environment)
 
     if not isinstance(data, dict):
         raise ConfigError([Problem(display, 1, (), f"the top level must be an object, got {type_name(data)}")])
@@ -195,6 +191,14 @@ def _number_problem(document: ConfigDocument, key_path: KeyPath, value: float) -
     return document.problem(key_path, message, "write a smaller number, or quote it to keep it as text")
 
 
+def _read_hocon(path: Path, display: str, text: str, root: Path, environment: bool) -> tuple[Any, dict[KeyPath, int]]:
+    """A HOCON text's data and key lines: read by the scan when it is plain, else by pyhocon."""
+    scan = scan_config(text, display)
+    if scan.data is not None and scan.key_lines is not None:
+        return scan.data, scan.key_lines
+    return _parse_hocon(path, display, text, scan, root, environment)
+
+
 def _parse_hocon(
     path: Path, display: str, text: str, scan: ConfigScan, root: Path, environment: bool
 ) -> tuple[Any, dict[KeyPath, int]]:
@@ -240,13 +244,8 @@ class IncludeRefused(ConfigError):
 
 def _without_includes(path: Path, display: str, text: str, root: Path, environment: bool) -> ConfigDocument | None:
     """The file read with every include blanked out (lines kept), or None when that cannot be read."""
-    blanked = without_includes(text)
     try:
-        scan = scan_config(blanked, display)
-        if scan.data is not None and scan.key_lines is not None:
-            data, key_lines = scan.data, scan.key_lines
-        else:
-            data, key_lines = _parse_hocon(path, display, blanked, scan, root, environment)
+        data, key_lines = _read_hocon(path, display, without_includes(text), root, environment)
     except ConfigError:
         return None
     return ConfigDocument(path, display, data, key_lines) if isinstance(data, dict) else None

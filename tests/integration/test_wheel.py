@@ -62,6 +62,24 @@ def test_wheel_holds_every_subpackage_and_the_schemas(installed: Path) -> None:
     assert (installed / "engine" / "py.typed").is_file()
 
 
+def test_wheel_holds_every_file_of_the_job_templates(installed: Path) -> None:
+    templates = REPO / "engine" / "templates"
+    source_files = {
+        p.relative_to(templates).as_posix()
+        for p in templates.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.name != "__init__.py"
+    }
+    wheel_templates = installed / "engine" / "templates"
+    wheel_files = {
+        p.relative_to(wheel_templates).as_posix()
+        for p in wheel_templates.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.name != "__init__.py"
+    }
+
+    assert wheel_files == source_files
+    assert "custom/data/digits.csv.gz" in wheel_files
+
+
 def test_installed_wheel_validates_a_job_from_another_folder(installed: Path, tmp_path: Path) -> None:
     shutil.copytree(REPO / "jobs" / "fedavg", tmp_path / "fedavg")
 
@@ -71,3 +89,12 @@ def test_installed_wheel_validates_a_job_from_another_folder(installed: Path, tm
     assert where.stdout.strip() == str(installed / "engine" / "__init__.py")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == "fedavg: ok\n"
+
+
+def test_installed_wheel_writes_a_new_job_that_validates(installed: Path, tmp_path: Path) -> None:
+    made = python_with(installed, "-m", "engine", "new", "digits", "--template", "cse", cwd=tmp_path)
+    result = python_with(installed, "-m", "engine", "validate", "digits", cwd=tmp_path)
+
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == "digits: ok\n"

@@ -73,6 +73,9 @@ ALLOWED = {
     },
     "cli": {"errors", "config", "fobs", "cells", "streaming", "model", "runtime", "provision", "deploy"},
     "__main__": {"cli"},
+    # Data for `flengine new` (read by engine.config.new_job as package resources); its .py files
+    # are the job code copied into a new job's custom/, written with the Client API.
+    "templates": {"client", "model"},
 }
 
 

@@ -198,6 +198,9 @@ class ServerSideController(Controller):
             )
             for done in finished:
                 if done["round"] not in rounds_seen:
+                    if done["round"] > latest_round:  # its start was not seen yet: say it first, in order
+                        latest_round = done["round"]
+                        self.context.report("round_started", round=latest_round, total_rounds=end, clients=[])
                     rounds_seen.add(done["round"])
                     self.context.report("round_done", **done)
             rounds = [

@@ -110,6 +110,8 @@ def test_swarm_configures_starts_and_ends_when_a_client_reports_all_done(start) 
     assert config["result_clients"] == ["site-1"] and config["num_rounds"] == 2
     rounds = [fields["round"] for event, fields in clients.events if event == "round_done"]
     assert rounds == [0, 1]  # once each, in order
+    order = [(event, fields["round"]) for event, fields in clients.events if event in ("round_started", "round_done")]
+    assert order == [("round_started", 0), ("round_done", 0), ("round_started", 1), ("round_done", 1)]
 
 
 def test_only_an_aggregation_client_can_end_the_swarm_or_finish_a_round(
