@@ -1,7 +1,8 @@
 """The Client API that training scripts use: ``from engine import client as flare``.
 
 `init`, `receive`, `send`, `is_running`, `get_site_name`, `get_job_id`, `get_task_name`,
-`is_train`, `is_evaluate` and `log`. The script runs in a thread of the client process
+`is_train`, `is_evaluate` and `log`; `fedprox_loss`, FedProx's proximal term for the script's
+loss. The script runs in a thread of the client process
 (``execution_mode = in_process``) or as its own process (``subprocess``); the calls are the same.
 
 ``send(model)`` hands ``model.params`` to the engine (``clear_cache=True``, the default): reading
@@ -22,6 +23,7 @@ from engine.client.api import (
     send,
 )
 from engine.client.exchange import ClientAPIError, TaskExchange, TaskItem
+from engine.client.fedprox import fedprox_loss
 from engine.client.handover import HandedOverParams, ParamsHandedOverError
 from engine.model import FLModel, ParamsType
 
@@ -33,6 +35,7 @@ __all__ = [
     "ParamsType",
     "TaskExchange",
     "TaskItem",
+    "fedprox_loss",
     "get_job_id",
     "get_site_name",
     "get_task_name",

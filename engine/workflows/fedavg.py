@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -60,6 +62,11 @@ class FedAvg(ModelController):
         allow_non_finite: Accept results holding NaN or infinite values (refused by default).
         metric_ranges: Metric name -> ``[low, high]``: a site's reported value outside is
             dropped (logged), e.g. ``{ global_accuracy = [0, 1] }``.
+        sample_fraction: Sample this fraction of the job's clients each round (at least one,
+            rounded up) instead of ``num_clients``; None: ``num_clients``.
+        sample_seed: Seed of the per-round sampling, so a run samples the same clients again;
+            None: a new random choice each run. The clients each round sampled are in its
+            ``sampled`` (round events and ``summary.json``).
 
     A refused result (wrong round or type, names, shapes or dtypes unlike the model's, a
     non-finite value, an out-of-bounds weight) costs that site its contribution to the round,
@@ -85,6 +92,8 @@ class FedAvg(ModelController):
         expected_params_type: str = "FULL",
         allow_non_finite: bool = False,
         metric_ranges: dict[str, list[float]] | None = None,
+        sample_fraction: float | None = None,
+        sample_seed: int | None = None,
     ) -> None:
         super().__init__(persistor_id)
         _check_positive("num_clients", num_clients)
@@ -110,6 +119,16 @@ class FedAvg(ModelController):
         except ValueError as e:
             raise ValueError(f"expected_params_type: expected one of {types}, got {expected_params_type!r}") from e
         self.rules = ResultRules.from_args(allow_non_finite, metric_ranges)
+        if sample_fraction is not None and (
+            isinstance(sample_fraction, bool)
+            or not isinstance(sample_fraction, (int, float))
+            or not 0 < sample_fraction <= 1
+        ):
+            raise ValueError(f"sample_fraction: expected a number in (0, 1], got {sample_fraction!r}")
+        if sample_seed is not None and (isinstance(sample_seed, bool) or not isinstance(sample_seed, int)):
+            raise ValueError(f"sample_seed: expected an integer, got {sample_seed!r}")
+        self.sample_fraction = sample_fraction
+        self.sample_seed = sample_seed
 
     def use_job_paths(self, paths: JobPaths) -> None:
         """At job start: refuse a ``download_to_disk_dir`` outside the site's folders (see `check_download_dir`)."""
@@ -121,6 +140,7 @@ class FedAvg(ModelController):
 
     def _run_rounds(self, area: DiskDownloadArea | None) -> None:
         aggregator = self._aggregator()
+        rng = random.Random(self.sample_seed)
         model = self.load_model()
         model.total_rounds = self.num_rounds
         last_round = self.start_round + self.num_rounds
@@ -128,7 +148,7 @@ class FedAvg(ModelController):
             if self.abort_signal.is_set():
                 break  # the last round's model is still saved
             started = time.monotonic()
-            clients = self.sample_clients(self.num_clients)
+            clients = self.sample_clients(self._sample_count(), rng)
             needed = min(self.min_clients or len(clients), len(clients))
             self.context.report("round_started", round=current_round, total_rounds=self.num_rounds, clients=clients)
             aggregator.reset_stats()
@@ -179,6 +199,7 @@ class FedAvg(ModelController):
                 time_s=round(time.monotonic() - started, 3),
                 metrics=dict(model.metrics or {}),
                 clients=sorted(accepted),
+                sampled=clients,
                 failed=dict(self.failures),
                 refused=dict(self.refused),
                 **disk_figures(area, current_round),
@@ -215,6 +236,12 @@ class FedAvg(ModelController):
         result.metrics = self.rules.accepted_metrics(result.metrics, client, current_round) or None
         aggregator.accept_model(result, client)
         accepted.append(client)
+
+    def _sample_count(self) -> int:
+        """Clients to sample this round: ``sample_fraction`` of the job's (rounded up), else ``num_clients``."""
+        if self.sample_fraction is None:
+            return self.num_clients
+        return max(1, math.ceil(self.sample_fraction * len(self.get_clients())))
 
     def _global_params(self) -> dict[str, Any]:
         """The global model as last saved (what the clients were sent this round), read on demand if it can be."""

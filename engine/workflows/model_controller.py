@@ -50,14 +50,19 @@ class ModelController(Controller):
         """Checkpoint ``model`` through the persistor (lazy params are read first)."""
         self.persistor.save_model(with_real_tensors(model))
 
-    def sample_clients(self, num_clients: int | None = None) -> list[str]:
-        """``num_clients`` clients of the job chosen at random (all of them, in order, by default)."""
+    def sample_clients(self, num_clients: int | None = None, rng: random.Random | None = None) -> list[str]:
+        """``num_clients`` clients of the job chosen at random (all of them, in order, by default).
+
+        Args:
+            num_clients: How many; None or at least the job's clients: all of them.
+            rng: The random source (seed one for sampling that repeats); the module's by default.
+        """
         clients = self.get_clients()
         if num_clients is None or num_clients >= len(clients):
             if num_clients is not None and num_clients > len(clients):
                 log.warning("num_clients=%d but only %d clients run the job; using all", num_clients, len(clients))
             return list(clients)
-        return sorted(random.sample(clients, num_clients))
+        return sorted((rng or random).sample(list(clients), num_clients))
 
     def send_model_and_wait(
         self,

@@ -4,6 +4,7 @@ results applied to the saved global model, and the global weights let go while c
 from __future__ import annotations
 
 import gc
+import random
 import threading
 import time
 import weakref
@@ -259,3 +260,44 @@ def test_clipping_reads_the_saved_global_model_and_bounds_a_scaled_update(run) -
     final = persistor.load_model().params
     assert torch.allclose(final["fc.weight"], 1.0 + mean[:12].reshape(3, 4), atol=1e-6)
     assert torch.allclose(final["fc.bias"], 2.0 + mean[12:], atol=1e-6)
+
+
+def test_seeded_sampling_by_fraction_repeats_and_is_reported(tmp_path: Path) -> None:
+    sites = [f"site-{i}" for i in range(1, 6)]
+
+    def samples(seed: int) -> list[list[str]]:
+        workflow = FedAvg(sample_fraction=0.4, sample_seed=seed)
+        workflow.bind(TaskQueue(sites), context=JobContext(workspace=tmp_path, components={}))
+        rng = random.Random(workflow.sample_seed)
+        return [workflow.sample_clients(workflow._sample_count(), rng) for _ in range(6)]
+
+    first, again, other = samples(7), samples(7), samples(8)
+
+    assert first == again and first != other  # the same seed, the same clients each round
+    assert all(len(chosen) == 2 and set(chosen) <= set(sites) for chosen in first)  # ceil(0.4 x 5)
+    assert len({tuple(chosen) for chosen in first}) > 1  # not the same two every round
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"sample_fraction": 0}, r"sample_fraction: expected a number in \(0, 1\], got 0"),
+        ({"sample_fraction": 1.5}, r"got 1.5"),
+        ({"sample_seed": "x"}, r"sample_seed: expected an integer, got 'x'"),
+    ],
+)
+def test_bad_sampling_args_are_refused(args: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FedAvg(**args)
+
+
+def test_the_round_reports_which_clients_were_sampled(run) -> None:
+    queue, persistor, thread = run(num_rounds=1, sample_seed=3)
+
+    first, second = next_task(queue, "site-1"), next_task(queue, "site-2")
+    queue.submit("site-1", first.task_id, reply(_honest(1.0), 1))
+    queue.submit("site-2", second.task_id, reply(_honest(3.0), 1))
+    thread.join(10)
+
+    done = [fields for event, fields in thread.events if event == "round_done"]  # type: ignore[attr-defined]
+    assert done[0]["sampled"] == ["site-1", "site-2"]
