@@ -1,5 +1,6 @@
-"""The BENCHMARK.md client update: site k adds ``k * 0.001`` to every parameter in place and
-reports ``NUM_STEPS_CURRENT_ROUND = k * 100``."""
+"""The BENCHMARK.md client loop, as a user writes it: site k adds ``k * 0.001`` to every parameter
+in place and reports ``NUM_STEPS_CURRENT_ROUND = k * 100`` (no ``del``: `flare.send` hands the
+tensors over, so the previous round's model is not alive while the next one arrives)."""
 
 from __future__ import annotations
 
@@ -18,4 +19,3 @@ while flare.is_running():
         for tensor in model.params.values():
             tensor.add_(k * 0.001)
     flare.send(FLModel(params=model.params, meta={"NUM_STEPS_CURRENT_ROUND": k * 100}))
-    del model
