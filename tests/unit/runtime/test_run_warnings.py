@@ -11,8 +11,9 @@ from engine.config import load_job
 from engine.model import FLModel, ParamsType
 from engine.persistors.pt_file import PTFileModelPersistor
 from engine.runtime.progress import summary_table
+from engine.runtime.run_warnings import run_warnings
 from engine.runtime.server import end_of_run_warnings
-from engine.runtime.simulator import error_tail, run_warnings
+from engine.runtime.simulator import error_tail
 
 JOBS = Path(__file__).resolve().parents[3] / "jobs"
 SERVER = "jobs/fedavg/app/config/config_fed_server.conf"
@@ -53,6 +54,14 @@ def test_fewer_clients_than_shards_leaves_data_unused(fedavg) -> None:
     [warning] = run_warnings(fedavg, ["site-1"])
 
     assert "--num-shards 2, but the run has 1 clients: part of the data goes unused (write --num-shards 1)" in warning
+
+
+def test_a_workflow_that_samples_a_fraction_is_not_said_to_sample_num_clients(fedavg) -> None:
+    fedavg.apps["app"].server.data["workflows"][0]["args"]["sample_fraction"] = 0.5
+
+    warnings = run_warnings(fedavg, [f"site-{i}" for i in range(1, 5)])
+
+    assert not any("num_clients" in warning for warning in warnings)
 
 
 def test_a_num_clients_left_out_is_the_workflows_default(fedavg) -> None:
