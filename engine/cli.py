@@ -28,6 +28,7 @@ from engine import __version__
 from engine.config import Problem, validate_job
 from engine.config.problems import format_key_path
 from engine.errors import ConfigError, FlengineError, UsageError
+from engine.text import printable
 
 _DESCRIPTION = """\
 flengine runs federated-learning jobs described by folders of HOCON/JSON files.
@@ -51,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=_CurrentStderr(),
     )
     as_json = getattr(args, "format", "text") == "json"
     try:
@@ -66,6 +68,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if as_json:
             _print_json(_error_document("interrupted", 130))
         return 130
+
+
+class _CurrentStderr:
+    """``sys.stderr`` as it is at each write: `run`'s live display stands in for it, so a log line goes above it."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 class _BadArguments(Exception):
@@ -125,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=(
             "examples:\n  flengine run jobs/fedavg     run the job: a server and 2 clients on this machine\n"
             "  flengine validate jobs/*     check every job of the jobs/ folder\n"
+            "  flengine report WORKSPACE    an HTML page of plots about the run (metrics, times, memory)\n"
             "  flengine new my-job          write a FedAvg job folder to start from (--template swarm|cse)"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -135,8 +148,9 @@ def _parser() -> argparse.ArgumentParser:
         "--verbose",
         action="store_true",
         help=(
-            "log debug messages (also after the command): this process's go to stderr; the server and client "
-            "processes of `run` and `server|client start` write theirs to log.txt in their workspace folder"
+            "log debug messages (also after the command) to stderr; `run` shows there the log lines of its "
+            "server and client processes too (each also in WORKSPACE/<site>/log.txt); `server|client start` "
+            "write theirs to WORKSPACE/log.txt"
         ),
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
@@ -169,7 +183,9 @@ def _parser() -> argparse.ArgumentParser:
         help="run a job on this machine: a server and N client processes (the simulator)",
         description=(
             "Run a job folder with a server process and N client processes (site-1 .. site-N) that "
-            "talk over ZeroMQ on 127.0.0.1. Shows progress while it runs and a summary at the end; "
+            "talk over ZeroMQ on 127.0.0.1. Shows progress while it runs (in a terminal, with rich installed: "
+            "a live status line per site and a bar per download, leaving one line per round; elsewhere one "
+            "line per round) and a summary at the end; "
             "logs, models and summary.json are left in the workspace. With --format json the progress "
             "goes to stderr and stdout gets summary.json's document alone. Exits 0 only when the job "
             "finished completed, 130 when interrupted, 2 on a usage error, 1 otherwise."
@@ -198,19 +214,71 @@ def _parser() -> argparse.ArgumentParser:
         "as one JSON document on stdout)",
     )
     run.add_argument(
-        "-q", "--quiet", action="store_true", help="no progress lines and no summary table (summary.json is written)"
+        "-q",
+        "--quiet",
+        action="store_true",
+        help=(
+            "no live display: one line per round and the summary, as in a pipe (with --format json: nothing "
+            "but the JSON document)"
+        ),
     )
     _add_verbose(
         run,
-        "debug logging: the server's and the clients' in WORKSPACE/<site>/log.txt, this process's on stderr "
-        "(which shows its warnings even without -v)",
+        "debug logging: every process's log lines on stderr as they are written ('site-1 | ...', each also "
+        "in WORKSPACE/<site>/log.txt)",
     )
     run.set_defaults(handler=_run)
+    _add_report_command(commands)
     _add_new_command(commands)
     _add_provision_command(commands)
     _add_deploy_commands(commands)
     _add_poc_commands(commands)
     return parser
+
+
+def _add_report_command(commands: argparse._SubParsersAction) -> None:
+    report = commands.add_parser(
+        "report",
+        help="write one HTML page of plots about a finished run, from its workspace",
+        description=(
+            "Read the workspace a run left (`flengine run` prints where it is) and write one "
+            "self-contained HTML file (plots as embedded PNG images; open it in any browser, mail "
+            "it): the global and each site's metrics per round, each round's time split into "
+            "sending, training, receiving and aggregating, a timeline of each site, every "
+            "transfer's bytes and MiB/s, each process's memory over time and the cross-site "
+            "evaluation matrix. What the workspace lacks is listed on the page. Needs matplotlib: "
+            "pip install flengine[report]. With --format json one document: "
+            '{"report": FILE, "sections": [{"id", "title", "series": {name: points}, "plotted", "note"}], '
+            '"notes"}. Exits 0 when written, 2 when WORKSPACE is not a run\'s workspace or '
+            "matplotlib is missing."
+        ),
+    )
+    report.add_argument(
+        "workspace", metavar="WORKSPACE", help="a run's workspace, e.g. workspace/fedavg-20260101-120000"
+    )
+    report.add_argument(
+        "-o", "--output", default=None, metavar="FILE", help="where the page goes (default: WORKSPACE/report.html)"
+    )
+    _add_format(report, "text (the file written, default) or json")
+    _add_verbose(report)
+    report.set_defaults(handler=_report)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from engine.report import write_report  # matplotlib loads only for this command
+
+    report = write_report(args.workspace, args.output)
+    if args.format == "json":
+        _print_json(report.to_json())
+        return 0
+    drawn = [section for section in report.sections if section.png is not None]
+    print(printable(f"report: {report.path} ({len(drawn)} of {len(report.sections)} plots)"))
+    for section in report.sections:
+        if section.png is None:  # names in notes come from the workspace: printed inert
+            print(printable(f"  not shown: {section.title}: {section.note}", 400))
+    for note in report.notes:
+        print(printable(f"  note: {note}", 400))
+    return 0
 
 
 def _add_new_command(commands: argparse._SubParsersAction) -> None:
@@ -405,12 +473,18 @@ def _run(args: argparse.Namespace) -> int:
 
     as_json = args.format == "json"
     with contextlib.ExitStack() as stack:
-        if args.quiet:
+        if args.quiet and as_json:
             progress = stack.enter_context(open(os.devnull, "w", encoding="utf-8"))
         else:
             progress = sys.stderr if as_json else sys.stdout  # stdout holds the JSON document alone
         result = run_simulation(
-            args.job, args.clients, args.workspace, out=progress, verbose=args.verbose, allowed_dirs=args.allow_dirs
+            args.job,
+            args.clients,
+            args.workspace,
+            out=progress,
+            verbose=args.verbose,
+            allowed_dirs=args.allow_dirs,
+            live=False if args.quiet else None,
         )
     if as_json:
         _print_json(result.summary)

@@ -3,6 +3,7 @@
     python tools/bench.py --size-mb 1024 --clients 2 4 --disk off on [--chunk-mb 2] [--out FILE]
     python tools/bench.py --workflow swarm --size-mb 1024 --clients 3 --disk off on
     python tools/bench.py --mode sim poc --size-mb 1024 --clients 2 --disk off
+    python tools/bench.py --size-mb 1024 --clients 2 --disk off --rounds 3 --client loop module
 
 For each point of the matrix (workflow x model size x clients x download_to_disk x chunk size)
 it writes a job (BENCHMARK.md: BenchNet, client k adds ``k * 0.001``, weight ``k * 100``, R
@@ -71,6 +72,8 @@ class Point:
     insecure: bool = False
     mode: str = "sim"
     aggregator: str = "fedavg"
+    client_script: str = "loop"
+    execution_mode: str = "in_process"
 
     @property
     def label(self) -> str:
@@ -79,9 +82,21 @@ class Point:
         aggregator = f" aggregator={self.aggregator}" if self.aggregator != "fedavg" else ""
         return (
             f"{self.mode} {self.workflow} {self.size_mb}MiB x{self.clients} disk={disk} "
-            f"chunk={self.chunk_mb:g}MiB {security}{aggregator}"
+            f"chunk={self.chunk_mb:g}MiB {security}{aggregator} client={self.client_script} {self.execution_mode}"
         )
 
+
+#: The client scripts `--client` picks: BENCHMARK.md's loop (``m = flare.receive()``, update
+#: ``m.params`` in place, send them), or a script that trains BenchNet as an ``nn.Module`` and
+#: receives each round into it (``flare.receive(into=net)``).
+CLIENT_SCRIPTS = {"loop": "client.py", "module": "train_module.py"}
+
+
+#: The FedOpt runs (`--workflow fedopt`): Adam on the server, its state in memory or (with
+#: download_to_disk) in files.
+FEDOPT_ARGS: dict[str, Any] = {
+    "server_optimizer": "adam", "server_lr": 0.01, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-3,
+}  # fmt: skip
 
 #: The robust aggregators `--aggregator` picks for FedAvg (BenchNet's clients are honest: the
 #: parameters make each one aggregate every result, so the model can still be checked).
@@ -105,12 +120,29 @@ class Peaks:
     samples: int = 0
     sampler_cpu_s: float = 0.0
     daemons: dict[int, str] = field(default_factory=dict)  # poc: daemon pid -> its name
+    #: Peak RSS of each process by ``"<site> job"`` (the job process) or ``"<site> script"``
+    #: (its children: a subprocess training script), apart from the sums above.
+    process_rss_mb: dict[str, float] = field(default_factory=dict)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     points = [
-        Point(size, clients, disk == "on", chunk, args.rounds, workflow, security == "insecure", mode, aggregator)
+        Point(
+            size,
+            clients,
+            disk == "on",
+            chunk,
+            args.rounds,
+            workflow,
+            security == "insecure",
+            mode,
+            aggregator,
+            client,
+            execution_mode,
+        )
+        for execution_mode in args.execution_mode
+        for client in args.client
         for aggregator in args.aggregator
         for mode in args.mode
         for security in args.security
@@ -178,6 +210,7 @@ def _record(
         "client_peak_rss_mb": round(max((v for k, v in jobs.items() if k != "server"), default=0.0), 1),
         "client_peak_pss_mb": round(max((v for k, v in jobs_pss.items() if k != "server"), default=0.0), 1),
         "tree_peak_rss_mb": round(peaks.tree_rss_mb, 1),
+        "process_peak_rss_mb": {name: round(mb, 1) for name, mb in sorted(peaks.process_rss_mb.items())},
         "download_dir_peak_mb": round(peaks.download_dir_mb, 1),
         "daemon_peak_rss_mb": daemons,
         "samples": peaks.samples,
@@ -279,7 +312,8 @@ def write_job(folder: Path, point: Point) -> Path:
     custom = folder / "app" / "custom"
     (folder / "app" / "config").mkdir(parents=True)
     custom.mkdir()
-    for name in ("benchnet_module.py", "client.py"):
+    script_name = CLIENT_SCRIPTS[point.client_script]
+    for name in ("benchnet_module.py", script_name):
         shutil.copy(JOB_CODE / name, custom / name)
     chunk = int(point.chunk_mb * MIB)
     streaming = f"tensor_download_chunk_size = {chunk}\nnp_download_chunk_size = {chunk}\n"
@@ -292,7 +326,11 @@ def write_job(folder: Path, point: Point) -> Path:
         "{ id = persistor, path = engine.persistors.PTFileModelPersistor,\n"
         f"  args {{ model {{ path = benchnet_module.BenchNet, args {{ size_mb = {point.size_mb} }} }} }} }}"
     )
-    script = "path = engine.executors.ClientAPIExecutor, args { task_script_path = client.py }"
+    script_args = f"--size-mb {point.size_mb}" if point.client_script == "module" else ""
+    script = (
+        f"path = engine.executors.ClientAPIExecutor, args {{ task_script_path = {script_name}, "
+        f'task_script_args = "{script_args}", execution_mode = {point.execution_mode} }}'
+    )
     if point.workflow == "swarm":
         server = {"num_rounds": point.rounds, "start_task_timeout": 300, "progress_timeout": 7200}
         workflows = (
@@ -322,7 +360,11 @@ def write_job(folder: Path, point: Point) -> Path:
         if robust is not None:
             args["aggregator_id"] = "robust"
             server_components = f"[{persistor}\n {json.dumps({'id': 'robust', **robust})}]"
-        workflows = f"[{{ id = fedavg, path = engine.workflows.FedAvg, args = {json.dumps(args)} }}]"
+        path = "engine.workflows.FedAvg"
+        if point.workflow == "fedopt":
+            path = "engine.workflows.FedOpt"
+            args.update(FEDOPT_ARGS)
+        workflows = f"[{{ id = fedavg, path = {path}, args = {json.dumps(args)} }}]"
         executors = f'[{{ tasks = ["*"], executor {{ {script} }} }}]'
         client_components = "[]"
     (folder / "app" / "config" / "config_fed_server.conf").write_text(
@@ -356,9 +398,27 @@ def round_delta(point: Point) -> float:
     return sum(k * 0.001 * k * 100 for k in ks) / sum(k * 100 for k in ks)
 
 
+def total_delta(point: Point) -> float:
+    """What R rounds add to every parameter: ``R * D`` (D: `round_delta`), or FedOpt's Adam steps on D.
+
+    FedOpt (Reddi et al.'s Adam, no bias correction, state from 0): every parameter sees the same
+    pseudo-gradient D each round, so its steps follow a scalar recursion, computed here in float64.
+    """
+    d = round_delta(point)
+    if point.workflow != "fedopt":
+        return point.rounds * d
+    lr, beta1, beta2, tau = (FEDOPT_ARGS[key] for key in ("server_lr", "beta1", "beta2", "epsilon"))
+    m = v = total = 0.0
+    for _ in range(point.rounds):
+        m = beta1 * m + (1 - beta1) * d
+        v = beta2 * v + (1 - beta2) * d * d
+        total += lr * m / (v**0.5 + tau)
+    return total
+
+
 def check_model(path: Path, point: Point) -> tuple[bool, float]:
-    """Whether every parameter equals ``init + R * D`` within 1e-6 (D: `round_delta`); and the largest error."""
-    delta = point.rounds * round_delta(point)
+    """Whether every parameter equals ``init`` plus `total_delta` within 1e-6; and the largest error."""
+    delta = total_delta(point)
     if not path.exists():
         return False, float("inf")
     worst = 0.0
@@ -376,15 +436,18 @@ def _sample(
     """Sample the process trees under ``roots`` every 50 ms (PSS every second) until they are gone or ``stop``."""
     cpu_started = time.thread_time()
     sites_of: dict[int, str] = {}
+    roles_of: dict[int, str] = {}
     next_tree_s = next_pss_s = 0.0
     while any(_exists(pid) for pid in roots) and not (stop is not None and stop.is_set()):
         started = time.monotonic()
         if started >= next_tree_s:
-            sites_of = {}
+            sites_of, roles_of = {}, {}
             for root_pid in roots:
                 tree = _tree(root_pid)
                 sites_of |= {pid: site for pid in tree if (site := _site_of(pid, tree)) is not None}
+                roles_of |= {pid: "job" if "engine.runtime.entry" in tree[pid][1] else "script" for pid in tree}
             sites_of |= {pid: f"{DAEMON}{name}" for pid, name in peaks.daemons.items()}
+            roles_of |= dict.fromkeys(peaks.daemons, "daemon")
             next_tree_s = started + TREE_INTERVAL_S
         with_pss = started >= next_pss_s
         if with_pss:
@@ -392,7 +455,10 @@ def _sample(
         rss_sums: dict[str, float] = {}
         pss_sums: dict[str, float] = {}
         for pid, site in sites_of.items():
-            rss_sums[site] = rss_sums.get(site, 0.0) + _rss_mb(pid)
+            rss = _rss_mb(pid)
+            rss_sums[site] = rss_sums.get(site, 0.0) + rss
+            process = f"{site} {roles_of.get(pid, 'job')}"
+            peaks.process_rss_mb[process] = max(peaks.process_rss_mb.get(process, 0.0), rss)
             if with_pss:
                 pss_sums[site] = pss_sums.get(site, 0.0) + _pss_mb(pid)
         for site, rss in rss_sums.items():
@@ -509,13 +575,23 @@ def _row(run: dict[str, Any]) -> str:
 
 def _aggregator(run: dict[str, Any]) -> str:
     aggregator = run.get("aggregator", "fedavg")
-    return "" if aggregator == "fedavg" else f" ({aggregator})"
+    client = run.get("client_script", "loop")
+    mode = run.get("execution_mode", "in_process")
+    return (
+        ("" if aggregator == "fedavg" else f" ({aggregator})")
+        + ("" if client == "loop" else f" [{client}]")
+        + ("" if mode == "in_process" else f" [{mode}]")
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--workflow", choices=["fedavg", "swarm"], nargs="+", default=["fedavg"], help="workflows (default fedavg)"
+        "--workflow",
+        choices=["fedavg", "fedopt", "swarm"],
+        nargs="+",
+        default=["fedavg"],
+        help="workflows (default fedavg; fedopt: FedOpt with Adam, see FEDOPT_ARGS)",
     )
     parser.add_argument("--size-mb", type=int, nargs="+", default=[1024], help="model sizes in MiB (default 1024)")
     parser.add_argument("--clients", type=int, nargs="+", default=[2], help="client counts (default 2)")
@@ -533,6 +609,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--aggregator", choices=sorted(AGGREGATORS), nargs="+", default=["fedavg"],
         help="FedAvg's aggregator: the weighted mean (default) or a robust one (see AGGREGATORS)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--client", choices=sorted(CLIENT_SCRIPTS), nargs="+", default=["loop"],
+        help="client script: loop (BENCHMARK.md's, default) or module (trains BenchNet, flare.receive(into=net))",
+    )  # fmt: skip
+    parser.add_argument(
+        "--execution-mode", choices=["in_process", "subprocess"], nargs="+", default=["in_process"],
+        help="how the client script runs (default in_process)",
     )  # fmt: skip
     parser.add_argument("--out", help="write the JSON here (rewritten after every run)")
     parser.add_argument("--keep", action="store_true", help="keep each run's job and workspace")

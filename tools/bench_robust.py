@@ -31,9 +31,9 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.config import job_code_on_path  # noqa: E402
+from engine.examples.digits import Net, load_split  # noqa: E402
 from engine.runtime.simulator import run_simulation  # noqa: E402
-from tools.liars.job import DIGITS_APP, make_liar_job  # noqa: E402
+from tools.liars.job import make_liar_job  # noqa: E402
 
 CLIENTS = 5
 LIAR = "site-5"
@@ -53,16 +53,12 @@ AGGREGATORS: dict[str, dict[str, Any] | None] = {
 
 def accuracy_of(model_file: Path) -> float:
     """The model's accuracy on the digits validation set every site shares."""
-    with job_code_on_path(DIGITS_APP):
-        from digits import load_split
-        from net import Net
-
-        _, (val_x, val_y) = load_split(0, CLIENTS)
-        net = Net(hidden=64)
-        net.load_state_dict(load_file(model_file))
-        net.eval()
-        with torch.no_grad():
-            return (net(val_x).argmax(dim=1) == val_y).float().mean().item()
+    _, (val_x, val_y) = load_split(0, CLIENTS)
+    net = Net(hidden=64)
+    net.load_state_dict(load_file(model_file))
+    net.eval()
+    with torch.no_grad():
+        return (net(val_x).argmax(dim=1) == val_y).float().mean().item()
 
 
 def run_one(root: Path, aggregator: str, attack: str, rounds: int, target: float) -> dict[str, Any]:

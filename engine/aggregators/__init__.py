@@ -2,7 +2,8 @@
 
 The weighted mean (`WeightedModelAggregator`, `DXOAggregator`) and the robust aggregators that
 limit what a lying site can do (`NormClippingAggregator`, `CoordinateMedianAggregator`,
-`TrimmedMeanAggregator`, `KrumAggregator`; `ModelAggregatorAsDXO` for ScatterAndGather).
+`TrimmedMeanAggregator`, `KrumAggregator`; `ModelAggregatorAsDXO` for ScatterAndGather), and
+`DXOAggregatorAsModel`, which lets the workflows' round loop use a DXO `Aggregator`.
 """
 
 from engine.aggregators.aggregator import (
@@ -15,7 +16,7 @@ from engine.aggregators.aggregator import (
 from engine.aggregators.check import check_params_match
 from engine.aggregators.clipping import NormClippingAggregator
 from engine.aggregators.coordinate import CoordinateMedianAggregator, TrimmedMeanAggregator
-from engine.aggregators.dxo_adapter import ModelAggregatorAsDXO
+from engine.aggregators.dxo_adapter import DXOAggregatorAsModel, ModelAggregatorAsDXO
 from engine.aggregators.dxo_aggregator import DXOAggregator, InTimeAccumulateWeightedAggregator
 from engine.aggregators.kept import KeptResultsAggregator
 from engine.aggregators.krum import KrumAggregator
@@ -27,6 +28,7 @@ __all__ = [
     "Aggregator",
     "CoordinateMedianAggregator",
     "DXOAggregator",
+    "DXOAggregatorAsModel",
     "InTimeAccumulateWeightedAggregator",
     "KeptResultsAggregator",
     "KrumAggregator",

@@ -1,4 +1,9 @@
-"""`ModelAggregatorAsDXO`: any `ModelAggregator` as an `Aggregator` of DXO results (ScatterAndGather)."""
+"""The two aggregator roles, each usable as the other.
+
+`ModelAggregatorAsDXO`: any `ModelAggregator` (median, trimmed mean, Krum, clipping) as an
+`Aggregator` of DXO results, for a ScatterAndGather config. `DXOAggregatorAsModel`: any DXO
+`Aggregator` as a `ModelAggregator`, the one interface the workflows' round loop speaks.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,18 @@ from typing import Any
 
 from engine.aggregators.aggregator import Aggregator, ModelAggregator
 from engine.aggregators.dxo_aggregator import acceptable_dxo
-from engine.model import DXO, DataKind, FLModel, ParamsType, Shareable
+from engine.model import (
+    DXO,
+    DataKind,
+    FLModel,
+    ParamsType,
+    ReservedHeaderKey,
+    ReturnCode,
+    Shareable,
+    dxo_from_model,
+    model_from_shareable,
+    shown_round,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +100,10 @@ class ModelAggregatorAsDXO(Aggregator):
             )
             self._aggregator.accept_model(model, contributor)
         except (TypeError, ValueError) as e:  # also a return code or data kind that names no known value
-            logger.warning("result refused: contributor=%s round=%d reason=%s", contributor, current_round, e)
+            shown = shown_round(current_round)
+            logger.warning("result refused: contributor=%s round=%d reason=%s", contributor, shown, e)
             return False
-        logger.info("result accepted: contributor=%s round=%d", contributor, current_round)
+        logger.info("result accepted: contributor=%s round=%d", contributor, shown_round(current_round))
         return True
 
     def aggregate(self, current_round: int) -> Shareable:
@@ -104,3 +121,65 @@ class ModelAggregatorAsDXO(Aggregator):
     def reset(self) -> None:
         """Forget every accepted result (the wrapped aggregator's ``reset_stats``)."""
         self._aggregator.reset_stats()
+
+
+class DXOAggregatorAsModel(ModelAggregator):
+    """Any `Aggregator` of DXO results as a `ModelAggregator`: how the round loop, which speaks
+    `FLModel` only, uses ScatterAndGather's aggregators (`DXOAggregator` and the user's own).
+
+    Each result `FLModel` goes to the wrapped aggregator as the DXO it arrived as (FULL params:
+    WEIGHTS, DIFF: WEIGHT_DIFF, metrics alone: METRICS; the model's meta as the DXO's meta) in a
+    `Shareable` with return code OK and the round's ``current_round`` header; the aggregate
+    `Shareable` comes back as an `FLModel` the same way (`model_from_shareable`). A result the
+    wrapped aggregator refuses (``accept`` returns False; it logs why) raises ValueError.
+
+    Args:
+        aggregator: The `Aggregator` to wrap.
+
+    Example:
+        >>> adapter = DXOAggregatorAsModel(DXOAggregator(expected_data_kind="WEIGHTS"))
+        >>> adapter.start_round(0, dict)
+        >>> adapter.accept_model(FLModel(params={"w": torch.ones(1)}), "site-1")
+        >>> adapter.aggregate_model().params["w"]
+        tensor([1.])
+    """
+
+    def __init__(self, aggregator: Aggregator) -> None:
+        if not isinstance(aggregator, Aggregator):
+            raise TypeError(f"aggregator: expected an Aggregator, got {type(aggregator).__name__}")
+        self._aggregator = aggregator
+        self._round = 0
+
+    @property
+    def aggregator(self) -> Aggregator:
+        """The wrapped aggregator."""
+        return self._aggregator
+
+    def start_round(self, current_round: int, load_global: Callable[[], Mapping[str, Any]]) -> None:
+        """Remember the round (its results are given to the wrapped aggregator as of it); forwarded."""
+        self._round = current_round
+        self._aggregator.start_round(current_round, load_global)
+
+    def accept_model(self, model: FLModel, contributor: str) -> None:
+        """Give ``contributor``'s result to the wrapped aggregator as a DXO.
+
+        Raises:
+            ValueError: The wrapped aggregator refused it (its reason is in the server log).
+        """
+        shareable = dxo_from_model(model).to_shareable()
+        shareable.set_return_code(ReturnCode.OK)
+        shareable.set_header(ReservedHeaderKey.CURRENT_ROUND, self._round)
+        if not self._aggregator.accept(shareable, contributor, self._round):
+            raise ValueError("refused by the aggregator (its reason is in the server log)")
+
+    def aggregate_model(self) -> FLModel:
+        """The wrapped aggregator's aggregate as an `FLModel`.
+
+        Raises:
+            ValueError: The aggregate is a DXO that holds no model or metrics (e.g. a COLLECTION).
+        """
+        return model_from_shareable(self._aggregator.aggregate(self._round))
+
+    def reset_stats(self) -> None:
+        """Forget every accepted result (the wrapped aggregator's ``reset``)."""
+        self._aggregator.reset()

@@ -15,7 +15,7 @@ from engine.aggregators.aggregator import (
     numeric_metrics,
 )
 from engine.aggregators.weighted import WeightedAggregationHelper, release_values
-from engine.model import DXO, DataKind, ReservedHeaderKey, ReturnCode, Shareable
+from engine.model import DXO, DataKind, ReservedHeaderKey, ReturnCode, Shareable, shown_round
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,8 @@ class DXOAggregator(Aggregator):
             _refuse(contributor, current_round, str(e))
             return False
         release_values(dxo.data)
-        logger.info("result accepted: contributor=%s round=%d weight=%s", contributor, current_round, weight)
+        shown = shown_round(current_round)
+        logger.info("result accepted: contributor=%s round=%d weight=%s", contributor, shown, weight)
         return True
 
     def _acceptable_dxo(self, shareable: Shareable, contributor: str, current_round: int) -> DXO | None:
@@ -130,7 +131,9 @@ class DXOAggregator(Aggregator):
             metrics = self._metrics.get_result() if self._metrics.get_len() else None
             self._metrics.reset_stats()
             self._contributors.clear()
-        logger.info("results aggregated: round=%d nr_aggregated=%d kind=%s", current_round, count, self._kind.value)
+        logger.info(
+            "results aggregated: round=%d nr_aggregated=%d kind=%s", shown_round(current_round), count, self._kind.value
+        )
         meta: dict[str, Any] = {"nr_aggregated": count, "current_round": current_round}
         if metrics:
             meta["metrics"] = metrics
@@ -156,7 +159,7 @@ def acceptable_dxo(shareable: Shareable, current_round: int, kind: DataKind) -> 
         raise ValueError(f"return code is {code.value}")
     result_round = shareable.get_header(ReservedHeaderKey.CURRENT_ROUND)
     if result_round is not None and result_round != current_round:
-        raise ValueError(f"it is a result of round {result_round}")
+        raise ValueError(f"it is a result of round {shown_round(result_round)}")
     dxo = DXO.from_shareable(shareable)
     if dxo.data_kind != kind:
         raise ValueError(f"data kind is {DataKind(dxo.data_kind).value}, expected {kind.value}")
@@ -164,7 +167,7 @@ def acceptable_dxo(shareable: Shareable, current_round: int, kind: DataKind) -> 
 
 
 def _refuse(contributor: str, current_round: int, why: str) -> None:
-    logger.warning("result refused: contributor=%s round=%d reason=%s", contributor, current_round, why)
+    logger.warning("result refused: contributor=%s round=%d reason=%s", contributor, shown_round(current_round), why)
 
 
 #: NVIDIA FLARE's name for the same aggregator, so configs ported from FLARE read naturally.

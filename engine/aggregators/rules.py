@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.aggregators.check import check_finite
-from engine.model import DXO, DataKind, Shareable
+from engine.model import DXO, DataKind, Shareable, shown_round
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def _drop(contributor: str, current_round: int | None, name: str, why: str) -> N
     logger.warning(
         "metric refused: contributor=%s round=%s metric=%r reason=%s",
         contributor,
-        current_round,
+        shown_round(current_round),
         name[:80],
         why,
     )

@@ -171,6 +171,19 @@ def _new_sum(value: Any) -> _Sum:
     return _Sum(kind, value.dtype, tuple(value.shape))
 
 
+#: The running weighted sum of one named value (for aggregators that fold values themselves,
+#: `engine.aggregators.folding`): ``new_running_sum(first)``, then ``check(v)`` / ``add(v, w)``, ``mean()``.
+RunningSum = _Sum
+new_running_sum = _new_sum
+
+
+def zero_running_sum(shape: tuple[int, ...], dtype: torch.dtype) -> _Sum:
+    """A tensor sum of ``shape`` for inputs of ``dtype`` that is all zeros (weight 0), to add pieces into."""
+    current = _Sum("tensor", dtype, tuple(shape))
+    current.total = pooled_empty(shape, _sum_dtype_torch(dtype)).zero_()
+    return current
+
+
 class WeightedAggregationHelper:
     """Fold weighted contributions into a running sum and return their weighted mean.
 

@@ -2,10 +2,12 @@
 
 `init`, `receive`, `send`, `is_running`, `get_site_name`, `get_job_id`, `get_task_name`,
 `is_train`, `is_evaluate` and `log`; `fedprox_loss`, FedProx's proximal term for the script's
-loss. The script runs in a thread of the client process
-(``execution_mode = in_process``) or as its own process (``subprocess``); the calls are the same.
+loss, and `ScaffoldClient`, SCAFFOLD's control variates and step correction. The script runs in
+a thread of the client process (``execution_mode = in_process``) or as its own process
+(``subprocess``); the calls are the same.
 
-``send(model)`` hands ``model.params`` to the engine (``clear_cache=True``, the default): reading
+``receive(into=net)`` writes the task's weights into the network's own tensors (see
+`engine.client.into`). ``send(model)`` hands ``model.params`` to the engine (``clear_cache=True``, the default): reading
 them afterwards raises `ParamsHandedOverError`, and the memory is reused by the next ``receive()``
 (see `engine.client.handover`).
 """
@@ -25,14 +27,18 @@ from engine.client.api import (
 from engine.client.exchange import ClientAPIError, TaskExchange, TaskItem
 from engine.client.fedprox import fedprox_loss
 from engine.client.handover import HandedOverParams, ParamsHandedOverError
+from engine.client.into import IntoMismatchError
+from engine.client.scaffold import ScaffoldClient
 from engine.model import FLModel, ParamsType
 
 __all__ = [
     "ClientAPIError",
     "FLModel",
     "HandedOverParams",
+    "IntoMismatchError",
     "ParamsHandedOverError",
     "ParamsType",
+    "ScaffoldClient",
     "TaskExchange",
     "TaskItem",
     "fedprox_loss",

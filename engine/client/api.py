@@ -4,10 +4,9 @@ Example:
     >>> from engine import client as flare
     >>> flare.init()
     >>> while flare.is_running():
-    ...     model = flare.receive()
+    ...     model = flare.receive(into=net)       # the weights land in net's own tensors
     ...     if model is None:
     ...         break
-    ...     net.load_state_dict(model.params)
     ...     steps = train(net)
     ...     flare.send(FLModel(params=net.state_dict(), meta={"NUM_STEPS_CURRENT_ROUND": steps}))
 """
@@ -17,9 +16,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from engine.client.backends import SubprocessBackend, install_backend, installed_backend
+from engine.client.backends import install_backend, installed_backend
+from engine.client.distributed import connect_from_environment
 from engine.client.exchange import ClientAPIError
 from engine.client.handover import HANDED_OVER_MESSAGE, ParamsHandedOverError, hand_over, is_handed_over
+from engine.client.into import Into, targets_of
 from engine.model import FLModel
 
 #: Task names that `is_train` and `is_evaluate` recognise.
@@ -28,18 +29,51 @@ EVALUATE_TASKS = frozenset({"validate", "evaluate"})
 
 
 def init() -> None:
-    """Connect this script to the executor that runs it (a no-op when already connected)."""
+    """Connect this script to the executor that runs it (a no-op when already connected).
+
+    Under torchrun (``WORLD_SIZE > 1``) only rank 0 connects; the other ranks get each task from
+    it by broadcast in `receive` (see `engine.client.distributed`).
+    """
     if installed_backend() is None:
-        install_backend(SubprocessBackend.from_environment())
+        install_backend(connect_from_environment())
 
 
-def receive(timeout: float | None = None) -> FLModel | None:
+def receive(timeout: float | None = None, *, into: Into | None = None) -> FLModel | None:
     """Wait for the next task and return its model; None when the run is over.
+
+    With ``into`` (a ``torch.nn.Module``, or a dict of tensors by name) the task's weights are
+    written into those tensors, the module's own parameters and buffers, instead of new ones:
+    the engine places the chunks straight into them as they arrive where it can (CPU tensors,
+    contiguous, in either execution mode) and copies them in otherwise, so a script that trains
+    a network holds that network and no second model. The returned FLModel's ``params`` are
+    then ``into``'s tensors themselves (a module's ``state_dict()`` tensors: the same memory as
+    its parameters, ``data_ptr()`` unchanged). Names, shapes and dtypes must match exactly:
+    otherwise `IntoMismatchError` names the key, and nothing has been written. A task without
+    weights (``submit_model``) leaves ``into`` untouched. Should the transfer itself fail midway
+    (the server goes away), the error is raised and ``into`` may hold part of the new weights.
 
     Args:
         timeout: Seconds to wait; None waits until a task comes or the run ends.
+        into: Where the weights go: a module or a dict of tensors; None: new tensors.
+
+    Raises:
+        IntoMismatchError: ``into`` does not fit the task's weights (nothing written).
+        ClientAPIError: ``into`` is neither a module nor a dict of tensors, or the executor went away.
+
+    Example:
+        >>> net = Net()
+        >>> while flare.is_running():
+        ...     model = flare.receive(into=net)      # net holds the global model now
+        ...     if model is None:
+        ...         break
+        ...     steps = train(net)
+        ...     flare.send(FLModel(params=net.state_dict(), meta={"NUM_STEPS_CURRENT_ROUND": steps}))
     """
-    item = _backend().receive(timeout)
+    backend = _backend()
+    if into is None:
+        item = backend.receive(timeout)
+    else:
+        item = backend.receive_into(timeout, targets_of(into))
     return item.model if item is not None else None
 
 

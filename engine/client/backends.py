@@ -7,6 +7,7 @@ the model's tensors pulled by the downloader in both directions.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -14,10 +15,14 @@ import threading
 from abc import ABC, abstractmethod
 from typing import Any
 
+import torch
+
 from engine.client.exchange import ClientAPIError, TaskExchange, TaskItem
+from engine.client.into import fill_into, placement_of
 from engine.errors import CellError
 from engine.model import FLModel
 from engine.site import ScriptCredentials, SiteEndpoint
+from engine.streaming.codec import Placement
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,24 @@ class Backend(ABC):
     @abstractmethod
     def receive(self, timeout_s: float | None) -> TaskItem | None:
         """The next task, or None when the run ended (or ``timeout_s`` passed)."""
+
+    def receive_into(self, timeout_s: float | None, targets: dict[str, torch.Tensor]) -> TaskItem | None:
+        """`receive`, with the task's weights written into ``targets`` (see `engine.client.into`).
+
+        This default receives into new memory and copies; a backend that can place the chunks
+        straight into the targets as they arrive overrides it.
+
+        Raises:
+            IntoMismatchError: The weights do not fit the targets (nothing written).
+        """
+        item = self.receive(timeout_s)
+        return self._filled(item, targets) if item is not None else None
+
+    def _filled(self, item: TaskItem, targets: dict[str, torch.Tensor]) -> TaskItem:
+        """``item`` with its params written into ``targets``; it becomes the current task."""
+        self.current = item  # a mismatch below still leaves the task taken, to be answered
+        self.current = TaskItem(item.task_name, fill_into(targets, item.model))
+        return self.current
 
     @abstractmethod
     def send(self, model: FLModel) -> None:
@@ -81,6 +104,12 @@ class InProcessBackend(Backend):
     def receive(self, timeout_s: float | None) -> TaskItem | None:
         self.current = self._exchange.take_task(timeout_s)
         return self.current
+
+    def receive_into(self, timeout_s: float | None, targets: dict[str, torch.Tensor]) -> TaskItem | None:
+        # The executor sees the targets while this waits and receives the task straight into
+        # them when it can (ClientAPIExecutor.task_data_placement); fill_into then copies nothing.
+        item = self._exchange.take_task(timeout_s, into=targets)
+        return self._filled(item, targets) if item is not None else None
 
     def send(self, model: FLModel) -> None:
         self._exchange.put_result(model)
@@ -124,6 +153,14 @@ class SubprocessBackend(Backend):
     @classmethod
     def from_environment(cls) -> SubprocessBackend:
         """The backend the executor prepared, or an error saying the script is not run by flengine."""
+        rank = os.environ.get("RANK", "0").strip() or "0"
+        if rank != "0":
+            # Under torchrun every rank inherits the executor's address and the script's keys, but
+            # one connection serves the script: a second would take the first one's place.
+            raise ClientAPIError(
+                f"flare.init(): only rank 0 connects to the executor, this process is RANK={rank}; "
+                "call flare.init() (it broadcasts the tasks to the other ranks) instead of building a backend"
+            )
         endpoint = os.environ.get(ENV_ENDPOINT)
         if not endpoint:
             raise ClientAPIError(
@@ -135,6 +172,14 @@ class SubprocessBackend(Backend):
         return cls(endpoint, os.environ.get(ENV_SITE, "site"), os.environ.get(ENV_JOB, "job"), streaming, credentials)
 
     def receive(self, timeout_s: float | None) -> TaskItem | None:
+        return self._receive(timeout_s, None)
+
+    def receive_into(self, timeout_s: float | None, targets: dict[str, torch.Tensor]) -> TaskItem | None:
+        # The chunks are pulled straight into the targets when every one fits (see placement_of).
+        item = self._receive(timeout_s, functools.partial(placement_of, targets=targets))
+        return self._filled(item, targets) if item is not None else None
+
+    def _receive(self, timeout_s: float | None, place: Placement | None) -> TaskItem | None:
         waited = 0.0
         while self._running:
             poll = RECEIVE_POLL_S if timeout_s is None else min(RECEIVE_POLL_S, max(timeout_s - waited, 0.01))
@@ -143,7 +188,7 @@ class SubprocessBackend(Backend):
             if state == "end":
                 self._running = False
             elif state == "task":
-                model = self._codec.decode(reply.frames, sender=reply.source)
+                model = self._codec.decode(reply.frames, sender=reply.source, place=place)
                 self.current = TaskItem(str(reply.header["task_name"]), model)
                 return self.current
             waited += poll

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
 import re
 import sys
@@ -37,7 +38,7 @@ _INSTALLED_CODE = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
 _ENGINE = "engine"
 _NOT_OWN_HINT = "a job may name engine classes or its own code in custom/"
 
-#: flengine's packages of components: workflows, aggregators, persistors, executors and filters.
+#: flengine's packages of components: workflows, aggregators, persistors, executors, filters and metrics receivers.
 #: Its other packages are not components: their functions build, start or read whatever their
 #: arguments name (``engine.config.build.build_component`` builds any dotted path at all).
 ENGINE_COMPONENT_PACKAGES = (
@@ -46,7 +47,13 @@ ENGINE_COMPONENT_PACKAGES = (
     "engine.persistors",
     "engine.executors",
     "engine.filters",
+    "engine.metrics",
+    "engine.examples",
 )
+#: A component class's attribute naming the packages it needs that flengine installs only with an
+#: extra, as {import name: extra}, e.g. ``{"tensorboard": "tensorboard"}``: one that is missing is
+#: a problem of the config (`flengine validate`, job start) that names ``pip install flengine[extra]``.
+REQUIRED_EXTRAS = "REQUIRED_EXTRAS"
 
 
 @dataclass(frozen=True)
@@ -125,11 +132,27 @@ def check_component(spec: ComponentSpec, document: ConfigDocument) -> list[Probl
         message = f"{spec.path!r} is {type_name(target)}, not a class or function"
         return [document.problem(spec.key_path + ("path",), message, "point `path` at a class or factory function")]
 
-    problems = _check_signature(spec, target, document)
+    problems = _check_signature(spec, target, document) + _missing_extras(spec, target, document)
     for name, value in spec.args.items():
         for sub_path, nested in _nested_specs(value, spec.key_path + ("args", name)):
             problems.extend(check_component(ComponentSpec.from_entry(nested, sub_path), document))
     return problems
+
+
+def _missing_extras(spec: ComponentSpec, target: Any, document: ConfigDocument) -> list[Problem]:
+    """One problem per package in the target's `REQUIRED_EXTRAS` that is not installed."""
+    needed = getattr(target, REQUIRED_EXTRAS, None)
+    if not isinstance(needed, dict):
+        return []
+    return [
+        document.problem(
+            spec.key_path + ("path",),
+            f"{spec.path} needs the {module!r} package, which is not installed",
+            f"pip install flengine[{extra}]",
+        )
+        for module, extra in needed.items()
+        if isinstance(module, str) and module.isidentifier() and importlib.util.find_spec(module) is None
+    ]
 
 
 def build_component(spec: ComponentSpec, document: ConfigDocument) -> Any:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -78,24 +80,51 @@ def new_job(
     """
     _check_arguments(name, template, num_rounds)
     folder = Path(parent) / name
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        what = "a folder that is not empty" if folder.is_dir() else "not a folder"
-        raise UsageError(f"{folder}: already exists and is {what}; pick another NAME or --dir, or remove it")
+    refuse_used_folder(folder, "pick another NAME or --dir, or remove it")
     root = resources.files("engine.templates")
     contents = dict(_files_of(root / template))
     contents.update({f"app/custom/{path}": data for path, data in _files_of(root / CUSTOM_FOLDER)})
     contents["meta.conf"] = _renamed(contents["meta.conf"], name, template)
     if num_rounds is not None:
         contents = {path: _with_rounds(path, data, num_rounds, template) for path, data in contents.items()}
-    for path, data in contents.items():
-        target = folder / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+    write_files(folder, contents)
     return NewJob(folder, template, sorted(contents))
 
 
+def is_plain_name(name: str) -> bool:
+    """Whether ``name`` is a plain job name: letters, digits, ``.``, ``_``, ``-``, not starting with ``.`` or ``-``."""
+    return _PLAIN_NAME.fullmatch(name) is not None
+
+
+def refuse_used_folder(folder: Path, fix: str) -> None:
+    """Raise `UsageError` unless ``folder`` is missing or an empty folder; ``fix`` ends the message.
+
+    The one check of every writer of job folders (``flengine new``, `engine.recipes`' ``export``).
+    """
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        what = "a folder that is not empty" if folder.is_dir() else "not a folder"
+        raise UsageError(f"{folder}: already exists and is {what}; {fix}")
+
+
+def write_files(folder: Path, contents: Mapping[str, bytes | Path]) -> None:
+    """Write ``contents`` under ``folder``, making folders as needed.
+
+    Args:
+        folder: Where the files go.
+        contents: Relative POSIX path -> the file's bytes, or a file to copy (read a block at a
+            time, so a large data file is never held in memory).
+    """
+    for path, data in contents.items():
+        target = folder / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, Path):
+            shutil.copyfile(data, target)
+        else:
+            target.write_bytes(data)
+
+
 def _check_arguments(name: str, template: str, num_rounds: int | None) -> None:
-    if not _PLAIN_NAME.fullmatch(name):
+    if not is_plain_name(name):
         raise UsageError(
             f"job name {name!r}: expected a plain folder name (letters, digits, '.', '_', '-', not starting "
             "with '.' or '-'); put the folder it goes in with --dir"

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pyparsing
-from pyhocon import ConfigFactory, ConfigTree
+from pyhocon import ConfigFactory, ConfigTree, period_parser
 from pyhocon.config_tree import NoneValue
 from pyhocon.exceptions import ConfigException, ConfigSubstitutionException
 
@@ -49,6 +49,14 @@ from engine.config.problems import KeyPath, Problem
 from engine.config.scan import ConfigScan, scan_config
 from engine.config.substitutions import EnvironmentReference, environment_references, expanded_size, resolve
 from engine.errors import ConfigError
+
+# pyhocon reads a duration as dateutil's relativedelta when python-dateutil is installed (the
+# `report` extra's matplotlib brings it) and as a timedelta otherwise, and only with dateutil
+# does it know months and years, which have no fixed length in seconds. A config must mean the
+# same on every site, whatever else is installed there: durations are always timedeltas.
+period_parser.period_impl = datetime.timedelta
+for _unit in ("months", "years"):
+    period_parser.period_type_map.pop(_unit, None)
 
 CONFIG_SUFFIXES = (".conf", ".json")
 

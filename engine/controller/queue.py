@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
+from typing import Any
 
 from engine.controller.rules import TaskRule, shallow_copy
 from engine.controller.task import ClientTask, ResultRefused, Task, TaskCompletionStatus, run_callback
@@ -25,6 +26,14 @@ from engine.model import ReservedHeaderKey, ReturnCode, Shareable
 logger = logging.getLogger(__name__)
 
 LateResultHandler = Callable[[str, str, str, Shareable], None]
+
+
+#: `Task.props` key of a workflow's *result receiver*, ``receiver(header, client) -> sink | None``:
+#: the runtime calls it with a result rebuilt before its tensors are pulled (tensors as
+#: placeholders) and, given a sink, hands it the tensors one at a time as they arrive (a
+#: workflow folding results into a sum). The sink's ``fail(reason)`` is called when the result
+#: does not reach the task after all.
+RESULT_RECEIVER_PROP = "result_receiver"
 
 
 class SubmitOutcome(str, Enum):
@@ -161,6 +170,14 @@ class TaskQueue:
                 picked = self._pick_locked(client, now)
         self._finish(finished)
         return None if picked is None else self._deliver(*picked)
+
+    def result_receiver(self, client: str, task_id: str) -> Callable[..., Any] | None:
+        """The workflow's result receiver of ``client``'s open client task ``task_id`` (see `RESULT_RECEIVER_PROP`)."""
+        with self._lock:
+            entry, client_task = self._open.get(task_id, (None, None))
+            if entry is None or client_task.client != client:
+                return None
+            return entry.task.props.get(RESULT_RECEIVER_PROP)
 
     def expects_result(self, client: str, task_id: str) -> SubmitOutcome:
         """Whether ``client``'s result of client task ``task_id`` would be taken, asked before it is received.

@@ -2,35 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
-import logging
-import os
-import runpy
+import functools
 import shlex
-import subprocess
-import sys
 import threading
 import time
-from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from engine.cells import Message, Reply, Status
-from engine.client.backends import (
-    API_CHANNEL,
-    ENV_ENDPOINT,
-    ENV_JOB,
-    ENV_SITE,
-    ENV_STREAMING,
-    TOPIC_LOG,
-    TOPIC_RECEIVE,
-    TOPIC_SEND,
-    InProcessBackend,
-    install_backend,
-)
 from engine.client.exchange import TaskExchange
-from engine.executors.executor import Executor, ExecutorContext
+from engine.client.into import placement_of
+from engine.executors.executor import Executor, ExecutorContext, is_handed_over
+from engine.executors.launch import parse_command, resolve_command
+from engine.executors.script_runners import ProcessRunner, ScriptRunner, ThreadRunner
 from engine.model import (
     FLModel,
     ReservedHeaderKey,
@@ -43,10 +29,8 @@ from engine.model import (
     shareable_from_model,
 )
 from engine.paths import JobPaths, path_inside
-from engine.site import SiteEndpoint
+from engine.streaming.codec import Placement
 from engine.streaming.lazy import LazyRef
-
-log = logging.getLogger(__name__)
 
 #: Seconds between checks of the abort signal and the script's health while a task runs.
 _POLL_S = 0.2
@@ -70,6 +54,13 @@ class ClientAPIExecutor(Executor):
             copy of the model); ``subprocess``: its own Python process, the model pulled over a
             local cell (the script's crash cannot take the client down).
         task_timeout_s: Longest time a task may take in the script; 0 = no limit.
+        command: ``subprocess`` only: the program (and its arguments) the script's path and
+            ``task_script_args`` are appended to; a string split like a shell would
+            (``"torchrun --standalone --nproc_per_node 2"``) or a list, never run by a shell
+            (shell metacharacters are refused). ``python``/``python3`` is the client's own
+            interpreter and ``torchrun`` its ``python -m torch.distributed.run``; another program
+            must be an absolute path or on ``PATH``. Empty (the default): ``python``. Under
+            torchrun only rank 0 talks to the executor; see `engine.client.distributed`.
 
     The script's result goes back the way the task came: an `FLModel` for FedAvg, a DXO for
     ScatterAndGather. A script that raises fails its task (and every later one) with
@@ -85,18 +76,24 @@ class ClientAPIExecutor(Executor):
         task_script_args: str = "",
         execution_mode: Literal["in_process", "subprocess"] = "in_process",
         task_timeout_s: float = 0.0,
+        command: str | list[str] = "",
     ) -> None:
         if execution_mode not in ("in_process", "subprocess"):
             raise ValueError(f"execution_mode: expected 'in_process' or 'subprocess', got {execution_mode!r}")
         if task_timeout_s < 0:
             raise ValueError(f"task_timeout_s: expected seconds >= 0, got {task_timeout_s}")
+        self.command = parse_command(command)
+        if self.command and execution_mode != "subprocess":
+            raise ValueError(
+                f"command: {command!r} launches the script as its own process; set execution_mode = subprocess"
+            )
         self.task_script_path = task_script_path
         self.task_script_args = shlex.split(task_script_args)
         self.execution_mode = execution_mode
         self.task_timeout_s = task_timeout_s
         self._exchange = TaskExchange()
         self._failure: str | None = None
-        self._runner: _ScriptRunner | None = None
+        self._runner: ScriptRunner | None = None
         self._one_task_at_a_time = threading.Lock()
 
     def use_job_paths(self, paths: JobPaths) -> None:
@@ -117,14 +114,50 @@ class ClientAPIExecutor(Executor):
                 f"task_script_path: {self.task_script_path!r} not found (looked for {script}); "
                 "put the script in the app's custom/ folder"
             )
-        runner_type = _ThreadRunner if self.execution_mode == "in_process" else _ProcessRunner
-        self._runner = runner_type(script, self.task_script_args, self._exchange, context)
+        if self.execution_mode == "in_process":
+            self._runner = ThreadRunner(script, self.task_script_args, self._exchange, context)
+        else:
+            argv = resolve_command(self.command)
+            self._runner = ProcessRunner(script, self.task_script_args, self._exchange, context, argv)
         self._runner.start()
 
     def execute(self, task_name: str, shareable: Shareable, abort_signal: threading.Event) -> Shareable:
         """Hand the task to the script and return its result; tasks from several threads take turns."""
         with self._one_task_at_a_time:
-            return self._execute(task_name, shareable, abort_signal)
+            try:
+                return self._execute(task_name, shareable, abort_signal)
+            finally:
+                self._exchange.release_claim()  # a task that never reached the script frees its wait
+
+    @contextlib.contextmanager
+    def task_data_placement(self, task_name: str, abort_signal: threading.Event) -> Iterator[Placement | None]:
+        """The script's own tensors, when it waits in ``flare.receive(into=...)`` (``in_process``).
+
+        Waits until the script asks for the next task (at most half the job's
+        ``streaming_per_request_timeout``, after which the server would drop the offer): the
+        task's tensors are pulled when the script wants them, into its own tensors if it says
+        so; otherwise into new memory. ``subprocess`` scripts pull into theirs themselves.
+        """
+        targets = self._script_targets(abort_signal) if self.execution_mode == "in_process" else None
+        if targets is None:
+            yield None
+            return
+        try:
+            yield functools.partial(placement_of, targets=targets)
+        except BaseException:
+            self._exchange.release_claim()
+            raise
+
+    def _script_targets(self, abort_signal: threading.Event) -> dict[str, Any] | None:
+        if self._runner is None:
+            return None
+        timeout_s = float(self._runner.context.streaming.get("streaming_per_request_timeout", 600.0)) / 2
+        deadline = time.monotonic() + timeout_s
+        while not abort_signal.is_set() and self._runner.failure() is None and time.monotonic() < deadline:
+            waiting, targets = self._exchange.claim_taker(_POLL_S)
+            if waiting:
+                return targets
+        return None
 
     def _execute(self, task_name: str, shareable: Shareable, abort_signal: threading.Event) -> Shareable:
         if self._runner is None:
@@ -136,7 +169,9 @@ class ClientAPIExecutor(Executor):
             model = _task_model(shareable)
         except ValueError as e:
             return _failed(ReturnCode.BAD_TASK_DATA, str(e))
-        self._exchange.put_task(task_name, model)
+        # A subprocess script gets its own copy: the executor's one may go once it asks to send.
+        droppable = self.execution_mode == "subprocess" and is_handed_over(shareable)
+        self._exchange.put_task(task_name, model, droppable=droppable)
         del model
         result = self._wait_result(abort_signal)
         if isinstance(result, str):
@@ -193,160 +228,3 @@ def _failed(code: ReturnCode, reason: str) -> Shareable:
     reply = make_reply(code)
     reply.set_header(REASON_HEADER, reason)
     return reply
-
-
-class _ScriptRunner(ABC):
-    """Runs the script and says whether it is still able to answer tasks."""
-
-    def __init__(self, script: Path, args: list[str], exchange: TaskExchange, context: ExecutorContext) -> None:
-        self.script = script
-        self.args = args
-        self.exchange = exchange
-        self.context = context
-        self.metrics_file = context.workspace / "metrics.jsonl"
-
-    @abstractmethod
-    def start(self) -> None:
-        """Start the script."""
-
-    @abstractmethod
-    def failure(self) -> str | None:
-        """Why the script can no longer answer tasks, or None while it can."""
-
-    @abstractmethod
-    def stop(self, grace_s: float) -> None:
-        """Let the script end within ``grace_s`` seconds, then make it."""
-
-    def record_metric(self, key: str, value: Any, task_name: str | None, current_round: Any) -> None:
-        line = {"site": self.context.site_name, "task": task_name, "round": current_round, "key": key, "value": value}
-        with self.metrics_file.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(line, default=str) + "\n")
-
-
-class _ThreadRunner(_ScriptRunner):
-    """``in_process``: the script runs in a thread, its Client API calls go to the exchange."""
-
-    def start(self) -> None:
-        self._error: str | None = None
-        self._finished = False
-        backend = InProcessBackend(
-            self.exchange,
-            self.context.site_name,
-            self.context.job_id,
-            on_log=lambda key, value, task: self.record_metric(
-                key, value, task.task_name if task else None, task.model.current_round if task else None
-            ),
-        )
-        self._backend = backend
-        self._thread = threading.Thread(target=self._run, name=f"script-{self.script.name}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        install_backend(self._backend, this_thread_only=True)
-        # sys.argv is process-wide: two in_process scripts of one client may read each other's
-        # arguments at start-up; give such a job subprocess mode.
-        sys.argv = [str(self.script), *self.args]
-        try:
-            runpy.run_path(str(self.script), run_name="__main__")
-        except BaseException as e:  # the script's own error: report it, keep the client alive
-            self._error = f"{self.script.name} raised {type(e).__name__}: {e}"
-            log.exception("training script failed script=%s", self.script)
-        finally:
-            self._finished = True
-
-    def failure(self) -> str | None:
-        if self._error is not None:
-            return self._error
-        if self._finished:
-            return f"{self.script.name} ended before answering the task"
-        return None
-
-    def stop(self, grace_s: float) -> None:
-        self._thread.join(grace_s)
-        if self._thread.is_alive():
-            log.warning("training script still running after the job ended script=%s", self.script)
-
-
-class _ProcessRunner(_ScriptRunner):
-    """``subprocess``: the script is its own process; a local cell serves its Client API calls."""
-
-    def start(self) -> None:
-        site = self.context.site_name
-        streaming = self.context.streaming
-        # The script's link is as secure as the client job's own (CURVE unless insecure = true).
-        secure = self.context.cell is None or self.context.cell.secure
-        self._endpoint, credentials = SiteEndpoint.for_script_host(
-            site, streaming, secure=secure, workspace=self.context.workspace
-        )
-        self._cell = self._endpoint.cell
-        self._endpoint.start()
-        self._codec = self._endpoint.codec
-        self._cell.register_handler(API_CHANNEL, TOPIC_RECEIVE, self._on_receive)
-        self._cell.register_handler(API_CHANNEL, TOPIC_SEND, self._on_send)
-        self._cell.register_handler(API_CHANNEL, TOPIC_LOG, self._on_log)
-        env = dict(os.environ)
-        paths = [str(self.context.custom_dir)] if self.context.custom_dir else []
-        env["PYTHONPATH"] = os.pathsep.join([*paths, *sys.path[1:]])
-        env.update(
-            {
-                ENV_ENDPOINT: self._cell.endpoint,
-                ENV_SITE: site,
-                ENV_JOB: self.context.job_id,
-                ENV_STREAMING: json.dumps(streaming),
-                **(credentials.to_environment() if credentials is not None else {}),
-            }
-        )
-        self._process = subprocess.Popen(
-            [sys.executable, str(self.script), *self.args], env=env, cwd=self.context.workspace
-        )
-        log.info("training script started pid=%d script=%s", self._process.pid, self.script)
-
-    def failure(self) -> str | None:
-        code = self._process.poll()
-        if code is None:
-            return None
-        return f"{self.script.name} exited with code {code} before answering the task"
-
-    def stop(self, grace_s: float) -> None:
-        try:
-            self._process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            log.warning("training script did not end; terminating it pid=%d", self._process.pid)
-            self._process.terminate()
-            try:
-                self._process.wait(5.0)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        self._endpoint.close()
-
-    def _on_receive(self, message: Message) -> Reply:
-        wait_s = min(float(message.header.get("wait_s", 2.0)), 10.0)
-        if self.exchange.ended:
-            return Reply(header={"state": "end"})
-        task = self.exchange.take_task(wait_s)
-        if task is None:
-            return Reply(header={"state": "end" if self.exchange.ended else "wait"})
-        frames = self._codec.encode(task.model, receivers=[message.source])
-        return Reply(header={"state": "task", "task_name": task.task_name}, frames=frames)
-
-    def _on_send(self, message: Message) -> Reply:
-        try:
-            model = self._codec.decode(message.frames, sender=message.source)
-            if not isinstance(model, FLModel):
-                raise TypeError(f"send() takes an FLModel, got {type(model).__name__}")
-            self.exchange.put_result(model)
-        except Exception as e:  # answered, never raised into the cell
-            log.warning("bad result from the training script: %s", e)
-            return Reply(header={"error": str(e)}, status=Status.OK)
-        return Reply(header={})
-
-    def _on_log(self, message: Message) -> Reply:
-        current = self.exchange.current_task
-        self.record_metric(
-            str(message.header.get("key")),
-            message.header.get("value"),
-            current.task_name if current else None,
-            current.model.current_round if current else None,
-        )
-        return Reply(header={})

@@ -9,7 +9,7 @@ from engine.fobs import default_registry
 from engine.model.convert import FLMODEL_KEY, carries_model, dxo_from_model, model_from_shareable, shareable_from_model
 from engine.model.decomposers import register_model_types
 from engine.model.dxo import DXO, DataKind, MetaKey
-from engine.model.fl_model import FLModel, ParamsType
+from engine.model.fl_model import FLModel, ParamsType, shown_round
 from engine.model.shareable import ReservedHeaderKey, ReturnCode, Shareable, make_reply
 
 register_model_types(default_registry())
@@ -30,4 +30,5 @@ __all__ = [
     "model_from_shareable",
     "register_model_types",
     "shareable_from_model",
+    "shown_round",
 ]

@@ -39,3 +39,15 @@ class FLModel:
     def __post_init__(self) -> None:
         if self.params is not None and self.params_type is None:
             self.params_type = ParamsType.FULL
+
+
+def shown_round(current_round: Any) -> Any:
+    """A round as users count it (from 1) in logs, errors and events; ``current_round`` counts from 0.
+
+    Anything but an int (None, or whatever a peer's header claims) is shown as it is.
+
+    Example:
+        >>> shown_round(0), shown_round(None), shown_round("7")
+        (1, None, '7')
+    """
+    return current_round + 1 if type(current_round) is int else current_round

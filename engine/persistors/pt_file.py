@@ -132,6 +132,18 @@ class PTFileModelPersistor(ModelPersistor):
         """
         self._commits.wait()
 
+    def trainable_param_names(self) -> list[str]:
+        """Names of the module's trainable floating-point parameters (``requires_grad``), in order.
+
+        Read from the module's layout (it works after its weights were handed out); SCAFFOLD's
+        server keeps a control variate for each.
+        """
+        return [
+            name
+            for name, param in self._model.named_parameters()
+            if param.requires_grad and param.dtype.is_floating_point
+        ]
+
     def drop_initial_model(self) -> None:
         """Free the module's weights (names and shapes stay, to check what is loaded and saved)."""
         if self._source is None and not self._handed_out:

@@ -8,10 +8,13 @@ server cannot be reached it keeps asking (the cell reconnects) for ``server_sile
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +22,9 @@ from engine.cells import Message
 from engine.config import Job
 from engine.errors import CellError, CellRemoteError, SecurityError
 from engine.executors.client_api import REASON_HEADER
-from engine.executors.executor import ExecutorContext
-from engine.model import ReservedHeaderKey, ReturnCode, Shareable, make_reply
+from engine.executors.executor import ExecutorContext, hand_over_task_data
+from engine.metrics.rules import is_metric_value
+from engine.model import ReservedHeaderKey, ReturnCode, Shareable, make_reply, shown_round
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
 from engine.paths import JobPaths
 from engine.runtime import protocol
@@ -35,7 +39,9 @@ from engine.runtime.assembly import (
     route_task,
     streaming_settings,
 )
+from engine.runtime.server import payload_bytes
 from engine.site import SiteEndpoint, SiteSettings
+from engine.streaming.codec import Placement
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +55,25 @@ class ClientJob:
     Args:
         job: The validated job.
         site: This client's own settings (its name, e.g. ``site-1``, keys, cell limits).
-        endpoint: The server cell's endpoint, ``tcp://host:port``.
+        endpoint: The server cell's endpoint, ``tcp://host:port``, or a callable that returns it,
+            called once the executors are built (a client started before its server listens).
         workspace: This client's folder of the job's workspace.
         job_id: The job's id.
         server_silence_limit_s: How long to keep asking an unreachable server.
+        report: Progress sink, ``report(event, **fields)``: ``task_received`` (task, task_id,
+            round, bytes, seconds: the task's download) and ``task_done`` (task, task_id, round,
+            seconds: since the task arrived, before its result is sent).
     """
 
     def __init__(
         self,
         job: Job,
         site: SiteSettings,
-        endpoint: str,
+        endpoint: str | Callable[[], str],
         workspace: Path,
         job_id: str,
         server_silence_limit_s: float = DEFAULT_SERVER_SILENCE_LIMIT_S,
+        report: Callable[..., None] | None = None,
     ) -> None:
         app = job.app_for(site.name)
         if app is None or app.client is None:
@@ -75,6 +86,7 @@ class ClientJob:
         self.workspace = workspace
         self.job_id = job_id
         self.server_silence_limit_s = server_silence_limit_s
+        self._report = report or (lambda event, **fields: None)
         self.abort_signal = threading.Event()
         self._task_ready = threading.Event()  # set by the server's notice that a task is scheduled
         self.tasks_done = 0
@@ -96,7 +108,7 @@ class ClientJob:
         data_filters = FilterChains.build(document, "task_data_filters")
         result_filters = FilterChains.build(document, "task_result_filters")
         self.network = SiteEndpoint.for_site(
-            self.site_settings, self.settings, connect_to=self.endpoint, workspace=self.workspace
+            self.site_settings, self.settings, connect_to=self._resolve_endpoint(), workspace=self.workspace
         )
         self.cell = self.network.cell
         self.cell.register_handler(
@@ -123,6 +135,7 @@ class ClientJob:
                 name, data, abort, routes, data_filters, result_filters
             ),
             report_status=self._report_status,
+            report_metric=self._report_metric,
             downloads_to_disk=self.network.downloads_to_disk,
         )
         started = []
@@ -145,6 +158,11 @@ class ClientJob:
                     log.exception("component could not finish its writes component=%s", component_id)
             self.chunks_served = self.network.chunks_served
             self.network.close()
+
+    def _resolve_endpoint(self) -> str:
+        if callable(self.endpoint):
+            self.endpoint = self.endpoint()
+        return self.endpoint
 
     def _run_local_task(
         self,
@@ -183,6 +201,21 @@ class ClientJob:
         except Exception as e:
             log.exception("executor failed task=%s", task_name)
             return _failed(ReturnCode.EXECUTION_EXCEPTION, f"{type(e).__name__}: {e}")
+
+    def _report_metric(self, key: str, value: Any, current_round: int | None) -> None:
+        """Send one number the training script logged to the server, fire and forget (others stay local)."""
+        if not is_metric_value(value):
+            return
+        header = {
+            protocol.HEADER_JOB_ID: self.job_id,
+            "key": str(key),
+            "value": float(value),
+            "round": current_round if isinstance(current_round, int) else None,
+        }
+        try:
+            self.cell.send("server", protocol.METRICS_CHANNEL, protocol.TOPIC_METRIC, header=header)
+        except CellError as e:  # a metric is not worth failing a task for
+            log.debug("metric not sent key=%s: %s", key, e)
 
     def _report_status(self, status: WorkflowStatus) -> None:
         try:
@@ -234,6 +267,8 @@ class ClientJob:
         task_id = str(reply.header["task_id"])
         started = time.monotonic()
         result = self._execute(task_name, task_id, reply, routes, data_filters)
+        if self._current_round is not None:  # result filters see the round (GaussianPrivacy's accounting)
+            result.set_header(ReservedHeaderKey.CURRENT_ROUND, self._current_round)
         try:
             result = result_filters.apply(task_name, result, self.site)
         except FilterError as e:
@@ -243,6 +278,8 @@ class ClientJob:
         result.set_header(ReservedHeaderKey.TASK_ID, task_id)
         if self._current_round is not None:
             result.set_header(ReservedHeaderKey.CURRENT_ROUND, self._current_round)
+        self._report("task_done", task=task_name, task_id=task_id, round=shown_round(self._current_round),
+                     seconds=round(time.monotonic() - started, 4))  # fmt: skip
         log.info(
             "task done task=%s id=%s rc=%s seconds=%.2f",
             task_name,
@@ -258,16 +295,38 @@ class ClientJob:
     ) -> Shareable:
         self._current_round = None
         try:
-            data = self.codec.decode(reply.frames, sender=reply.source)
+            # An in-process script waiting in flare.receive(into=net) gets the tensors in net's own.
+            with self._placement(task_name, routes, data_filters) as place:
+                started = time.monotonic()
+                data = self.codec.decode(reply.frames, sender=reply.source, place=place)
             if not isinstance(data, Shareable):
                 raise TypeError(f"task data must be a Shareable, got {type(data).__name__}")
         except Exception as e:
             log.warning("task data could not be received task=%s: %s", task_name, e)
             return _failed(ReturnCode.BAD_TASK_DATA, f"task data could not be received: {e}")
+        hand_over_task_data(data)  # nothing here keeps it: the executor may drop its tensors
+        self._report(
+            "task_received", task=task_name, task_id=task_id,
+            round=shown_round(data.get_header(ReservedHeaderKey.CURRENT_ROUND)),
+            bytes=payload_bytes(data), seconds=round(time.monotonic() - started, 4),
+        )  # fmt: skip
         data.set_header(ReservedHeaderKey.TASK_NAME, task_name)
         data.set_header(ReservedHeaderKey.TASK_ID, task_id)
         self._current_round = data.get_header(ReservedHeaderKey.CURRENT_ROUND)
         return self._dispatch(task_name, data, self.abort_signal, routes, data_filters)
+
+    def _placement(
+        self, task_name: str, routes: list[Any], data_filters: FilterChains
+    ) -> AbstractContextManager[Placement | None]:
+        """Where the task's tensors land: the executor's say, unless a data filter sees them first."""
+        executor = route_task(routes, task_name)
+        filtered = any(
+            filters and any(fnmatch.fnmatchcase(task_name, pattern) for pattern in patterns)
+            for patterns, filters in data_filters.chains
+        )
+        if executor is None or filtered:
+            return nullcontext(None)
+        return executor.task_data_placement(task_name, self.abort_signal)
 
     def _submit(self, task_name: str, task_id: str, result: Shareable) -> None:
         frames = self.codec.encode(result, receivers=["server"])

@@ -1,8 +1,15 @@
 """The processes the simulator starts: ``python -m engine.runtime.entry server|client ...``.
 
-Each writes its log to ``<workspace>/<site>/log.txt`` and its figures to ``process.json``; the
-server also writes progress events as JSON lines on stdout and its outcome to ``result.json``.
+Each writes its log to ``<workspace>/<site>/log.txt``, its figures to ``process.json``, its memory
+over time to ``rss.csv`` (`RssSampler`) and its progress events to ``events.jsonl``; the server
+also writes its events as JSON lines on stdout and its outcome to ``result.json``.
 A process exits when the process that started it goes away, so no orphan is left behind.
+
+A client started with ``--connect -`` builds its executors first, then reads the server's endpoint
+as one line on its stdin (the simulator's launcher writes it when the server listens; end of file
+means the simulator is gone). Once a process has written its result, its ``process.json`` and its
+logs, it exits at once (`exit_now`): nothing is left to wait for, and the interpreter's teardown
+of torch would only make the run end later.
 """
 
 from __future__ import annotations
@@ -16,15 +23,17 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine.config import Job, load_job
-from engine.errors import FlengineError
+from engine.errors import CellError, FlengineError
 from engine.fobs.tensor_pool import TENSOR_POOL
 from engine.runtime.assembly import largest_chunk_bytes
 from engine.runtime.client import ClientJob
 from engine.runtime.process import (
+    EVENTS_FILE,
+    RESULT_FILE,
     EventWriter,
     exit_with_parent,
     log_to_file,
@@ -32,13 +41,17 @@ from engine.runtime.process import (
     return_freed_memory_to_the_system,
     write_process_file,
 )
+from engine.runtime.rss import RssSampler
 from engine.runtime.server import ServerJob
 from engine.runtime.states import JobState
 from engine.site import INSECURE_WARNING, SiteSettings, cell_settings_of
 
 log = logging.getLogger(__name__)
 
-RESULT_FILE = "result.json"
+#: The ``--connect`` value of a client that reads the server's endpoint on its stdin.
+ENDPOINT_FROM_STDIN = "-"
+#: The longest endpoint line read from stdin, in bytes.
+MAX_ENDPOINT_BYTES = 1024
 #: Seconds a client gets after SIGTERM to finish by itself.
 STOP_GRACE_S = 5.0
 
@@ -49,6 +62,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder = Path(args.workspace) / args.site
     folder.mkdir(parents=True, exist_ok=True)
     log_to_file(folder, args.verbose)
+    sampler = RssSampler(folder)
+    sampler.start()
+    try:
+        return _run(args, folder)
+    finally:
+        sampler.stop()
+
+
+def _run(args: argparse.Namespace, folder: Path) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the simulator decides; it sends SIGTERM
     job = load_job(args.job)
     chunk_bytes = largest_chunk_bytes(job)
@@ -85,7 +107,7 @@ def _site_settings(job: Job, args: argparse.Namespace) -> SiteSettings:
 
 
 def _run_server(job: Job, site: SiteSettings, folder: Path, args: argparse.Namespace) -> int:
-    events = EventWriter()
+    events = EventWriter(file=folder / EVENTS_FILE)
     server = ServerJob(job, site, folder, args.clients.split(","), args.job_id, events)
     signal.signal(signal.SIGTERM, lambda *_: server.abort("stopped by the simulator (SIGTERM)"))
     exit_with_parent(args.parent_pid, lambda: server.abort("the simulator went away"))
@@ -107,20 +129,28 @@ def _run_server(job: Job, site: SiteSettings, folder: Path, args: argparse.Names
     (folder / RESULT_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
     write_process_file(folder, args.site, chunks_served=server.chunks_served, tensor_pool=TENSOR_POOL.stats())
     events("job_done", state=state.value, reason=reason)
+    events.close()
     return 0 if state is JobState.FINISHED_COMPLETED else 1
 
 
 def _run_client(job: Job, site: SiteSettings, folder: Path, args: argparse.Namespace) -> int:
-    client = ClientJob(job, site, args.connect, folder, args.job_id)
+    events = EventWriter(file=folder / EVENTS_FILE, echo=False)
+    endpoint: str | Callable[[], str] = args.connect
+    if args.connect == ENDPOINT_FROM_STDIN:
+        endpoint = lambda: _endpoint_from_stdin(events)  # noqa: E731 (called once its executors are built)
+    client = ClientJob(job, site, endpoint, folder, args.job_id, report=events)
     signal.signal(signal.SIGTERM, lambda *_: _stop_client(client, folder, args.site))
     exit_with_parent(args.parent_pid, client.abort_signal.set)
     code = 0
     try:
         client.run()
+    except _NoEndpoint as e:  # the run ended before the server listened: this client has nothing to do
+        log.info("%s", e)
     except Exception as e:
         log.exception("client job failed")
         print(f"Error: {args.site}: {type(e).__name__}: {e}", file=sys.stderr)
         code = 1
+    events.close()
     write_process_file(
         folder,
         args.site,
@@ -129,6 +159,43 @@ def _run_client(job: Job, site: SiteSettings, folder: Path, args: argparse.Names
         tensor_pool=TENSOR_POOL.stats(),
     )
     return code
+
+
+def _endpoint_from_stdin(events: EventWriter) -> str:
+    """The server's endpoint, one line on stdin; ``client_ready`` (executors built) is reported when it is asked for.
+
+    Raises:
+        _NoEndpoint: Stdin closed first (the client then exits with 0: it was never part of a run).
+        CellError: The line is not an endpoint.
+    """
+    events("client_ready")
+    line = sys.stdin.buffer.readline(MAX_ENDPOINT_BYTES)
+    endpoint = line.decode("utf-8", errors="replace").strip()
+    if not endpoint:
+        raise _NoEndpoint("no server endpoint on stdin (--connect -): the run ended before the server listened")
+    if not endpoint.startswith("tcp://"):
+        raise CellError(f"--connect -: expected an endpoint tcp://HOST:PORT on stdin, got {endpoint[:80]!r}")
+    log.debug("endpoint from stdin: %s", endpoint)
+    return endpoint
+
+
+class _NoEndpoint(CellError):
+    """Stdin closed before the endpoint came: the server failed at start, or the simulator is gone."""
+
+
+def exit_now(code: int) -> None:
+    """End this process with ``code`` once its output is flushed, without the interpreter's teardown.
+
+    Call it only after the process has written everything (result, ``process.json``, events):
+    logging is shut down (files flushed and closed), stdout and stderr are flushed.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _stop_client(client: ClientJob, folder: Path, site: str) -> None:
@@ -153,7 +220,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--site", default="server", help="this process's site name")
     parser.add_argument("--job-id", default="job")
     parser.add_argument("--clients", default="", help="server: comma-separated client names")
-    parser.add_argument("--connect", default="", help="client: the server's endpoint")
+    parser.add_argument("--connect", default="", help="client: the server's endpoint; - to read it on stdin")
     parser.add_argument("--host", default="", help="server: the address to bind (instead of the job's cell.host)")
     parser.add_argument("--port", type=int, default=None, help="server: the port to bind (instead of cell.port)")
     parser.add_argument("--keys", default="", help="this site's keys folder (see engine.security.keys)")
@@ -172,4 +239,4 @@ def _parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -10,12 +10,17 @@ import os
 import resource
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 #: Name of the file each process writes its own figures to, in its workspace folder.
 PROCESS_FILE = "process.json"
 LOG_FILE = "log.txt"
+#: Name of the file the server process writes its outcome to (state, reason, rounds).
+RESULT_FILE = "result.json"
+
+log = logging.getLogger(__name__)
 
 
 def peak_rss_bytes() -> int:
@@ -92,21 +97,77 @@ def log_to_file(folder: Path, verbose: bool = False) -> None:
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
-class EventWriter:
-    """Progress events as JSON lines on stdout, for the simulator to show (thread-safe)."""
+#: Name of the file a job process writes its progress events to, in its workspace folder.
+EVENTS_FILE = "events.jsonl"
+#: The events file stops growing past this many bytes (a note in the log says so).
+MAX_EVENTS_FILE_BYTES = 64 << 20
 
-    def __init__(self, stream: Any = None) -> None:
-        self._stream = stream if stream is not None else sys.stdout
+
+class EventWriter:
+    """Progress events as JSON lines: on stdout for the simulator to show, and in ``events.jsonl`` (thread-safe).
+
+    Every event gets ``at``, the time it happened in seconds since the epoch, so that the
+    events of a run's processes line up (``flengine report`` draws them).
+
+    Args:
+        stream: Where lines are written for a reader; stdout by default.
+        file: A JSON-lines file the events are appended to as well (``<workspace>/events.jsonl``),
+            up to ``max_file_bytes``; None for none.
+        echo: False to write to ``file`` only (a client: nobody reads its stdout).
+        max_file_bytes: The file's size limit (`MAX_EVENTS_FILE_BYTES`).
+    """
+
+    def __init__(
+        self,
+        stream: Any = None,
+        file: Path | None = None,
+        echo: bool = True,
+        max_file_bytes: int = MAX_EVENTS_FILE_BYTES,
+    ) -> None:
+        self._stream = (stream if stream is not None else sys.stdout) if echo else None
         self._lock = threading.Lock()
+        self._file = None
+        self._file_bytes_left = max_file_bytes
+        if file is not None:
+            try:
+                self._file = open(file, "a", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
+            except OSError as e:
+                log.warning("progress events not recorded: file=%s error=%s", file, e)
 
     def __call__(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, **fields}, default=str)
+        line = json.dumps({"event": event, "at": round(time.time(), 4), **fields}, default=str)
         with self._lock:
-            try:
-                self._stream.write(line + "\n")
-                self._stream.flush()
-            except (OSError, ValueError):  # nobody listens any more; the log still has it
-                pass
+            if self._stream is not None:
+                try:
+                    self._stream.write(line + "\n")
+                    self._stream.flush()
+                except (OSError, ValueError):  # nobody listens any more; the log still has it
+                    pass
+            self._record(line)
+
+    def _record(self, line: str) -> None:
+        if self._file is None:
+            return
+        size = len(line.encode("utf-8")) + 1
+        try:
+            if size > self._file_bytes_left:
+                log.warning("events file full: later events are not recorded file=%s", self._file.name)
+                self._file.close()
+                self._file = None
+                return
+            self._file.write(line + "\n")
+            self._file.flush()
+            self._file_bytes_left -= size
+        except (OSError, ValueError) as e:
+            log.warning("progress events no longer recorded: %s", e)
+            self._file = None
+
+    def close(self) -> None:
+        """Close the events file (events after this go to the stream only)."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
 
 def exit_with_parent(parent_pid: int | None, on_orphaned: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import IO, Any
 
 from engine.text import printable
@@ -34,9 +35,19 @@ class ProgressPrinter:
         self.workflow = ""
         self._noted: set[str] = set()
 
+    def start(self) -> None:
+        """Begin showing the run (nothing to do for plain lines; see `engine.runtime.live.LiveConsole`)."""
+
+    def close(self) -> None:
+        """Stop showing the run; lines printed after it still appear."""
+
     def line(self, text: str) -> None:
         """Print one line; what a peer wrote in it (metric names, reasons) cannot act on the terminal."""
         print(printable(text, MAX_LINE), file=self.out, flush=True)
+
+    def log(self, site: str, text: str) -> None:
+        """Print one line of a process's log (``-v``) on stderr, as ``site | line``."""
+        print(f"{site} | {printable(text, MAX_LINE)}", file=sys.stderr, flush=True)
 
     def noted(self, site: str) -> bool:
         """True the second time a site is asked about (so its exit is reported once)."""
@@ -57,7 +68,7 @@ class ProgressPrinter:
         handler(event)
 
     def _track_round(self, event: dict[str, Any]) -> None:
-        self.round = event.get("round", 0) + 1 if isinstance(event.get("round"), int) else "?"
+        self.round = event["round"] if isinstance(event.get("round"), int) else "?"  # 1-based (the server's)
         self.total = event.get("total_rounds", "?")
 
     def _prefix(self) -> str:
@@ -100,7 +111,7 @@ class ProgressPrinter:
         clients = event.get("clients") or []
         prefix = self._prefix()
         if isinstance(event.get("round"), int) and self.total != "?":
-            prefix = f"[round {event['round'] + 1}/{self.total}]"
+            prefix = f"[round {event['round']}/{self.total}]"
         refused = sorted(event.get("refused") or {})
         self.line(
             f"{prefix} done in {event.get('time_s', 0):.2f} s, "
@@ -135,7 +146,7 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
 def _summary_lines(summary: dict[str, Any]) -> list[str]:
     lines = ["", "round  time (s)  metrics"]
     for entry in summary.get("rounds", []):
-        round_number = entry.get("round", 0) + 1 if isinstance(entry.get("round"), int) else "?"
+        round_number = entry["round"] if isinstance(entry.get("round"), int) else "?"  # 1-based already
         lines.append(
             f"{round_number:>5}  {entry.get('time_s', 0):>8.2f}  {_format_metrics(entry.get('metrics') or {})}"
         )

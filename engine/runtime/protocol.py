@@ -15,6 +15,13 @@ HEADER_JOB_ID = "job_id"
 #: client asks at once instead of at the end of its ``retry_s``.
 TOPIC_TASK_READY = "ready"
 
+#: Channel of the metrics a client's training script logs (``flare.log``).
+METRICS_CHANNEL = "metrics"
+#: Client -> server, fire and forget: one metric. Header: ``job_id``, ``key``, ``value`` (a
+#: number), ``round`` (0-based, or None outside a task). The server takes the site from the
+#: sender's authenticated name and checks and limits the rest (`engine.metrics.MetricsIntake`).
+TOPIC_METRIC = "metric"
+
 #: A task follows: header ``task_name``, ``task_id``; frames: the FOBS Shareable.
 STATE_TASK = "task"
 #: Nothing for this client now: ask again after ``retry_s`` seconds.

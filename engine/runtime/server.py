@@ -27,7 +27,8 @@ from engine.config import Job
 from engine.controller import Controller, SubmitOutcome, TaskQueue
 from engine.controller.context import JobContext, ReceivedStatus
 from engine.errors import CellError
-from engine.model import DXO, FLModel, ReservedHeaderKey, ReturnCode, Shareable
+from engine.metrics import MetricsIntake
+from engine.model import DXO, FLModel, ReservedHeaderKey, ReturnCode, Shareable, shown_round
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
 from engine.paths import JobPaths
 from engine.runtime import protocol
@@ -39,6 +40,7 @@ from engine.runtime.assembly import (
     streaming_settings,
 )
 from engine.runtime.states import JobState
+from engine.runtime.transfer_progress import DownloadProgress
 from engine.site import SiteEndpoint, SiteSettings
 from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
 
@@ -50,6 +52,9 @@ MONITOR_INTERVAL_S = 0.2
 END_RUN_GRACE_S = 15.0
 #: Seconds the server waits for every client to ask for work before the first workflow starts.
 CLIENTS_READY_TIMEOUT_S = 120.0
+#: A folded result waits for the task data's downloads to end (see `_on_submit`) at most until
+#: they have had no request for this long (a client that died or never came for the task).
+FOLD_WAIT_IDLE_S = 10.0
 
 
 @dataclass
@@ -102,14 +107,21 @@ class ServerJob:
         self._dead: set[str] = set()
         self._told_end: set[str] = set()
         self._task_frames: dict[int, tuple[Any, list[Any]]] = {}
+        self._offers_of_task: dict[int, list[str]] = {}  # id(task) -> ref ids of its task data's downloads
+        self._task_offers: dict[str, list[str]] = {}  # client task id -> the downloads of the data it was sent
         self._stopped = threading.Event()
         self._memory_slot = threading.Lock()
         self._status: dict[str, dict[str, ReceivedStatus]] = {}
         self._sent_bytes: dict[str, tuple[str, int]] = {}  # task id -> (site, bytes of the model sent)
+        self._metrics: MetricsIntake | None = None
         self.chunks_served = 0
+        self._downloads = DownloadProgress()  # the models clients are pulling, for progress events
 
     def report(self, event: str, **fields: Any) -> None:
-        """Forward a progress event, keeping the rounds for the job's summary."""
+        """Forward a progress event (its ``round`` counted from 1), keeping the rounds for the job's summary."""
+        if event == "round_done" and self._metrics is not None:  # the global model's metrics, e.g. TensorBoard
+            self._metrics.from_server(fields.get("metrics"), fields.get("round"))
+        fields = _one_based_round(fields)
         if event == "round_done":
             self.rounds.append(fields)
         self._report(event, **fields)
@@ -127,6 +139,7 @@ class ServerJob:
         paths = JobPaths(self.app.folder, self.job.folder, self.workspace, self.site.allowed_dirs)
         prepare_components(components, document, self.workspace, paths)
         prepare_components(workflows, document, self.workspace, paths, key="workflows")
+        self._metrics = MetricsIntake.for_components(components, self.workspace, self.clients, self.site.name)
 
         settings = streaming_settings(config)
         configure_tensor_pool(config)
@@ -142,6 +155,7 @@ class ServerJob:
         self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, self._on_get_task)
         self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_SUBMIT, self._on_submit)
         self.cell.register_handler(CCWF_CHANNEL, TOPIC_STATUS, self._on_status)
+        self.cell.register_handler(protocol.METRICS_CHANNEL, protocol.TOPIC_METRIC, self._on_metric)
         monitor = threading.Thread(target=self._monitor, name="server-monitor", daemon=True)
         monitor.start()
         self.report("listening", endpoint=self.cell.endpoint, secure=self.cell.secure)
@@ -166,11 +180,13 @@ class ServerJob:
             outcome.warnings = end_of_run_warnings({**components, **workflows})
         finally:
             self.queue.end_run()
+            self._tell_task_ready(self.clients)  # they hear END_RUN now, not at their next ask
             self._wait_end_heard()
             self._stopped.set()
             monitor.join(2.0)
             self.chunks_served = self.endpoint.chunks_served
             self.endpoint.close()
+            self._metrics.close()  # after the cell: no handler writes a metric any more
         return outcome
 
     def abort(self, reason: str = "aborted") -> None:
@@ -269,12 +285,15 @@ class ServerJob:
             log.warning("task not sent site=%s task=%s: %s", site, assignment.task_name, e)
             self.queue.fail_client_task(site, assignment.task_id, str(e))
             return Reply(header={"state": protocol.STATE_WAIT, "retry_s": protocol.DEFAULT_RETRY_S})
+        sent_bytes = payload_bytes(assignment.data)
         with self._lock:  # what a result of this task may stream is measured from it (tasks drop their data)
-            self._sent_bytes[assignment.task_id] = (site, payload_bytes(assignment.data))
+            self._sent_bytes[assignment.task_id] = (site, sent_bytes)
+        self._downloads.sent(assignment.task_id, site, sent_bytes, self._bytes_served())
         self.report(
             "task_sent",
             site=site,
             task=assignment.task_name,
+            task_id=assignment.task_id,
             round=assignment.data.get_header(ReservedHeaderKey.CURRENT_ROUND),
         )
         header = {"state": protocol.STATE_TASK, "task_name": assignment.task_name, "task_id": assignment.task_id}
@@ -284,17 +303,25 @@ class ServerJob:
         """The task's frames: encoded once per task (one downloadable for all its clients)."""
         if self._data_filters:
             data = self._data_filters.apply(assignment.task_name, _private_copy(assignment.data), site)
-            return self.codec.encode(data, receivers=[site])
+            offers: list[str] = []
+            frames = self.codec.encode(data, receivers=[site], offers=offers)
+            with self._lock:
+                self._task_offers[assignment.task_id] = offers
+            return frames
         task = assignment.client_task.task
         with self._lock:
             for key, (cached, _) in list(self._task_frames.items()):
                 if cached.completion_status is not None:
                     del self._task_frames[key]
+                    self._offers_of_task.pop(key, None)
             entry = self._task_frames.get(id(task))
             if entry is None:
                 receivers = list(task.targets) if task.targets else list(self.clients)
-                entry = (task, self.codec.encode(assignment.data, receivers=receivers))
+                offers = []
+                entry = (task, self.codec.encode(assignment.data, receivers=receivers, offers=offers))
                 self._task_frames[id(task)] = entry
+                self._offers_of_task[id(task)] = offers
+            self._task_offers[assignment.task_id] = self._offers_of_task.get(id(task), [])
         return entry[1]
 
     def _on_status(self, message: Message) -> None:
@@ -312,6 +339,15 @@ class ServerJob:
             self._status.setdefault(status.workflow, {})[site] = ReceivedStatus(time.monotonic(), status)
         return None
 
+    def _on_metric(self, message: Message) -> None:
+        """A metric a client's script logged (fire and forget); the site is the sender's authenticated name."""
+        header = message.header
+        same_job = header.get(protocol.HEADER_JOB_ID) == self.job_id
+        sender = message.source if same_job else f"{message.source} (of another job)"  # refused as no client
+        if self._metrics is not None:
+            self._metrics.from_site(sender, header.get("key"), header.get("value"), header.get("round"))
+        return None
+
     def _status_reports(self, workflow: str) -> dict[str, ReceivedStatus]:
         with self._lock:
             return dict(self._status.get(workflow, {}))
@@ -324,13 +360,29 @@ class ServerJob:
         refused = self._not_a_client(message)
         if refused is not None:
             return refused
-        # In memory, one result is pulled and aggregated at a time, so the server holds at most
-        # one client's model beyond the sum (others wait for their turn); on disk, all at once.
+        # In memory, a whole result is pulled and aggregated one at a time, so the server holds at
+        # most one client's model beyond the sum (others wait for their turn); on disk, all at once.
+        # A result the workflow folds into its sum as its tensors arrive (see `_receiver_of`)
+        # never is whole: those are pulled at once.
+        receiver = self._receiver_of(message)
+        with self._lock:
+            offers = self._task_offers.pop(str(message.header.get("task_id", "")), [])
+        if receiver is not None and offers:
+            # Folding starts once every client has the model the task sent (its downloads end),
+            # so the server never holds that model and a growing sum at once.
+            idle_s = min(self.codec.context.per_request_timeout_s, FOLD_WAIT_IDLE_S)
+            self.endpoint.service.wait_finished(offers, idle_s, self.abort_signal)
         in_memory = not self.endpoint.receives_to_disk
-        with self._memory_slot if in_memory else contextlib.nullcontext():
-            return self._take_result(message)
+        with self._memory_slot if in_memory and receiver is None else contextlib.nullcontext():
+            return self._take_result(message, receiver)
 
-    def _take_result(self, message: Message) -> Reply:
+    def _receiver_of(self, message: Message) -> Any:
+        """The workflow's result receiver of this submit (folding, memory mode, no result filters), else None."""
+        if self.endpoint.receives_to_disk or self._result_filters:
+            return None
+        return self.queue.result_receiver(message.source, str(message.header.get("task_id", "")))
+
+    def _take_result(self, message: Message, receiver: Any = None) -> Reply:
         site = message.source
         task_id = str(message.header.get("task_id", ""))
         task_name = str(message.header.get("task_name", ""))
@@ -340,13 +392,23 @@ class ServerJob:
             return Reply(header={"outcome": expected.value})
         with self._lock:
             _, sent_bytes = self._sent_bytes.pop(task_id, (site, 0))
+        self._downloads.ended(task_id)
         started = time.monotonic()
-        self.report("result_uploading", site=site, task=task_name)
+        self.report("result_uploading", site=site, task=task_name, task_id=task_id)
         result = None
+        sinks: list[Any] = []  # the sink folding this result, once the receiver gave one
+
+        def fold(peeked: Any) -> Any:
+            sink = receiver(peeked, site) if isinstance(peeked, Shareable) else None
+            if sink is not None:
+                sinks.append(sink)
+            return sink
+
         try:
             limit = RESULT_SIZE_FACTOR * sent_bytes + RESULT_SLACK_BYTES
             what = f"a result of {site} (at most {RESULT_SIZE_FACTOR} x the {sent_bytes} bytes it was sent)"
-            result = self.codec.decode(message.frames, sender=site, max_bytes=limit, what=what)
+            folding = fold if receiver is not None else None
+            result = self.codec.decode(message.frames, sender=site, max_bytes=limit, what=what, fold=folding)
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
             result = self._result_filters.apply(task_name, result, site)
@@ -354,6 +416,8 @@ class ServerJob:
             reason = f"result of {site} for task {task_name!r} refused: {e}"
             log.warning("%s", reason)
             cleanup_lazy_refs(result)
+            for sink in sinks:
+                sink.fail(reason)
             self.queue.fail_client_task(site, task_id, reason)
             return Reply(header={"outcome": "FAILED", "reason": reason}, status=Status.ERROR, reason=reason)
         seconds = time.monotonic() - started
@@ -361,6 +425,7 @@ class ServerJob:
             "result_received",
             site=site,
             task=task_name,
+            task_id=task_id,
             bytes=payload_bytes(result),
             seconds=seconds,
             ok=result.get_return_code() is ReturnCode.OK,
@@ -368,9 +433,15 @@ class ServerJob:
         outcome = self.queue.submit(site, task_id, result)
         if outcome is not SubmitOutcome.ACCEPTED:  # late or duplicate: nobody will read its files
             cleanup_lazy_refs(result)
+        for sink in sinks:  # committed by the workflow if it took the result; a no-op then
+            sink.fail(f"result of {site} not taken by the task: {outcome.value}")
         return Reply(header={"outcome": outcome.value})
 
     # ----------------------------------------------------------------- monitor
+
+    def _bytes_served(self) -> dict[str, int]:
+        service = self.endpoint.service
+        return {} if service is None else service.bytes_served()
 
     def _monitor(self) -> None:
         while not self._stopped.wait(MONITOR_INTERVAL_S):
@@ -385,12 +456,23 @@ class ServerJob:
                     if self.queue.expects_result(site, task_id) is not SubmitOutcome.ACCEPTED:
                         with self._lock:
                             self._sent_bytes.pop(task_id, None)
+                        self._downloads.ended(task_id)
+                for fields in self._downloads.poll(self._bytes_served()):
+                    self.report("download_progress", **fields)
                 for site in sorted(gone):
                     log.warning("client stopped answering heartbeats site=%s", site)
                     self.report("client_dead", site=site)
                     self.queue.client_dead(site)
             except Exception:
                 log.exception("server monitor error")
+
+
+def _one_based_round(fields: dict[str, Any]) -> dict[str, Any]:
+    """An event's fields with ``round`` as users count (1, 2, ...): workflows report ``current_round`` (from 0).
+
+    Every round a user reads (the console, events.jsonl, result.json, summary.json) goes through here.
+    """
+    return {**fields, "round": shown_round(fields["round"])} if "round" in fields else fields
 
 
 def end_of_run_warnings(components: dict[str, Any]) -> list[str]:

@@ -1,19 +1,21 @@
 """The simulator behind ``flengine run``: a server process and N client processes on this machine.
 
-It starts the server job, waits for its endpoint, starts ``site-1`` .. ``site-N``, shows the
-server's progress events as they come, and stops everything on success, on failure and on
-Ctrl-C. At the end it writes ``<workspace>/summary.json`` (states, rounds, per-process peak RSS)
-and prints a summary table.
+It has the server and ``site-1`` .. ``site-N`` forked at once by one launcher process that
+imported torch once (`engine.runtime.launcher`), gives the clients the server's endpoint when it
+listens, shows the server's progress events as they come, and stops everything on success, on
+failure and on Ctrl-C. At the end it writes ``<workspace>/summary.json`` (states, rounds,
+per-process peak RSS, the time of each stage of the run: `engine.runtime.timings`) and prints a
+summary table (with ``-v``, the stage times too).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import queue
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -25,22 +27,24 @@ from typing import IO, Any
 
 from engine.config import Job, load_job
 from engine.errors import UsageError
-from engine.runtime.entry import RESULT_FILE
-from engine.runtime.process import LOG_FILE, PROCESS_FILE
-from engine.runtime.progress import ProgressPrinter, refused_counts, summary_table
+from engine.runtime.follow import LOG_LINE_EVENT, FileFollower, follow_run
+from engine.runtime.launcher import LAUNCHER_ERRORS_FILE, LaunchedProcess, Launcher, command_line_room
+from engine.runtime.live import LiveConsole, make_printer
+from engine.runtime.process import LOG_FILE
+from engine.runtime.progress import summary_table
 from engine.runtime.run_warnings import run_warnings
 from engine.runtime.states import JobState
+from engine.runtime.summary import SUMMARY_FILE as SUMMARY_FILE  # where summary.json is named, for callers
+from engine.runtime.summary import client_ready_times, server_result, write_summary
+from engine.runtime.timings import RunTimings, timing_lines
 from engine.security import write_site_key_folders
 from engine.site import INSECURE_WARNING, insecure_requested
 from engine.text import printable
 
 log = logging.getLogger(__name__)
 
-SUMMARY_FILE = "summary.json"
 #: The run's throw-away keys, under its workspace; removed when the run ends.
 KEYS_FOLDER = "keys"
-#: The cross-site evaluation matrix a workflow may leave in the server's folder.
-CROSS_SITE_FILE = "cross_site_val.json"
 #: Seconds to wait for the server to report its endpoint.
 STARTUP_TIMEOUT_S = 60.0
 #: Seconds processes get to exit by themselves before they are terminated, then killed.
@@ -75,6 +79,7 @@ def run_simulation(
     out: IO[str] | None = None,
     verbose: bool = False,
     allowed_dirs: Sequence[str | os.PathLike[str]] = (),
+    live: bool | None = None,
 ) -> SimulationResult:
     """Run a job with a server and ``n_clients`` client processes; return how it ended.
 
@@ -84,21 +89,42 @@ def run_simulation(
         workspace: Where logs, models and ``summary.json`` go; by default a new folder
             ``workspace/<job name>-<time>`` under the current folder. It must be new or empty.
         out: Where progress and the summary are printed (stdout by default).
-        verbose: Debug logging in every process.
+        verbose: Debug logging in every process, whose log lines are shown too (on stderr, as
+            ``site | line``; in a terminal above the live display), and the time of each stage
+            of the run after the summary (``timing:``).
         allowed_dirs: Folders outside the workspace that the job's paths may name on every site
             (``download_to_disk_dir``, ``source_ckpt_file_full_name``): ``--allow-dir``. Without
             them a job's paths stay in the job folder and the workspace.
+        live: The live display (a status line per site, a bar per download) above the lines of
+            each round: None (default) where ``out`` is a terminal and rich is installed; False
+            for the plain lines (one per round), as in a pipe (``--quiet``).
     """
+    timings = RunTimings()
     out = out or sys.stdout
-    job = load_job(job_dir)
-    clients = _client_names(job, n_clients)
-    insecure = _insecure(job, ["server", *clients])
     allowed = [Path(folder).resolve() for folder in allowed_dirs]  # the processes run elsewhere
-    folder = _prepare_workspace(job, workspace)
-    job_id = folder.name
-    run = _Run(job, clients, folder, job_id, out, verbose, insecure, allowed)
-    run.warnings = run_warnings(job, clients)
+    # The launcher imports torch while this process validates the job (which imports its classes too).
+    paths = [str(Path(job_dir).resolve()), str(Path(workspace or "workspace").resolve()), *map(str, allowed)]
+    launcher = Launcher(paths[0], command_line_room(paths, n_clients or 0))
+    try:
+        job = load_job(job_dir)
+        clients = _client_names(job, n_clients)
+        insecure = _insecure(job, ["server", *clients])
+        warnings = run_warnings(job, clients)
+        folder = _prepare_workspace(job, workspace)
+    except BaseException:
+        launcher.close()
+        raise
+    run = _Run(job, clients, folder, folder.name, out, verbose, insecure, allowed, live)
+    run.launcher, run.timings, run.warnings = launcher, timings, warnings
     return run.execute()
+
+
+def report_hint(folder: Path) -> str:
+    """The line that says how to get the run's HTML report (drawing it takes about a second: not done here)."""
+    command = f"flengine report {folder}"
+    if importlib.util.find_spec("matplotlib") is None:
+        return f"report: pip install flengine[report], then {command}"
+    return f"report: {command}"
 
 
 def error_tail(file: Path, lines: int = ERROR_TAIL_LINES) -> list[str]:
@@ -180,6 +206,7 @@ class _Run:
         verbose: bool,
         insecure: bool,
         allowed_dirs: list[Path],
+        live: bool | None = None,
     ) -> None:
         self.job = job
         self.insecure = insecure
@@ -191,9 +218,12 @@ class _Run:
         self.out = out
         self.verbose = verbose
         self.states: list[dict[str, Any]] = []
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes: dict[str, LaunchedProcess] = {}
+        self.launcher: Launcher | None = None
+        self.timings = RunTimings()
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self.printer = ProgressPrinter(out, clients)
+        self.printer = make_printer(out, clients, live)
+        self.follower: FileFollower | None = None
         self.started = time.monotonic()
         #: Said before the run starts and kept in summary.json (`run_warnings`).
         self.warnings: list[str] = []
@@ -208,6 +238,7 @@ class _Run:
             self.printer.line(f"warning: {warning}")
         state, reason = JobState.FINISHED_EXECUTION_EXCEPTION, ""
         interrupted = client_failed = False
+        self.printer.start()
         try:
             if not self.insecure:  # removed in the finally below, whatever happens
                 (self.folder / KEYS_FOLDER).mkdir(mode=0o700)
@@ -224,8 +255,12 @@ class _Run:
             interrupted = True
         finally:
             # Without the server's result no client will hear END_RUN: no point waiting for them.
-            self._stop_all(interrupted or self._server_result()[0] is None)
-            shutil.rmtree(self.folder / KEYS_FOLDER, ignore_errors=True)
+            try:
+                self._stop_all(interrupted or self._server_result()[0] is None)
+                shutil.rmtree(self.folder / KEYS_FOLDER, ignore_errors=True)
+            finally:
+                self._stop_following()
+                self.printer.close()  # the live display goes; the summary below stays
         result_state, result_reason = self._server_result()
         if state is not JobState.FINISHED_ABORTED and not client_failed and result_state is not None:
             state, reason = result_state, result_reason or reason
@@ -233,18 +268,29 @@ class _Run:
         summary = self._write_summary(state, reason)
         for line in summary_table(summary):
             self.printer.line(line)
+        for line in timing_lines(summary["timings"]) if self.verbose else []:
+            self.printer.line(line)
+        self.printer.line(report_hint(self.folder))
         return SimulationResult(state, self.folder, summary)
 
     def _enter(self, state: JobState) -> None:
         self.states.append({"state": state.value, "time": datetime.now().isoformat(timespec="seconds")})
 
     def _supervise(self) -> tuple[JobState, str]:
-        server = self._start("server", ["--clients", ",".join(self.clients)], capture=True)
+        commands = {"server": self._arguments("server", ["--clients", ",".join(self.clients)])}
+        commands.update({site: self._arguments(site, ["--connect", "-"]) for site in self.clients})
+        assert self.launcher is not None
+        for site, argv in commands.items():  # all at once: the clients build their executors meanwhile
+            (self.folder / site).mkdir(parents=True, exist_ok=True)
+            process = self.launcher.start(
+                site, argv, self.folder / site, capture=site == "server", endpoint_pipe=site != "server"
+            )
+            self.processes[site] = process
+        server = self.processes["server"]
         threading.Thread(target=self._read_events, args=(server.stdout,), daemon=True).start()
-        endpoint = self._wait_endpoint()
-        for site in self.clients:
-            self._start(site, ["--connect", endpoint])
+        self.launcher.send_endpoint(self._wait_endpoint())
         self._enter(JobState.RUNNING)
+        self._start_following()
         while True:
             try:
                 event = self.events.get(timeout=0.5)
@@ -255,8 +301,33 @@ class _Run:
                 return self._server_result() if self._server_result()[0] else self._crashed("server")
             if event:
                 self._workflows_started = self._workflows_started or event.get("event") == "workflow_started"
-                self.printer.show(event)
+                self._show(event)
             self._check_clients()
+
+    def _show(self, event: dict[str, Any]) -> None:
+        if event.get("event") == LOG_LINE_EVENT:
+            self.printer.log(str(event.get("site")), str(event.get("text")))
+        else:
+            self.printer.show(event)
+
+    def _start_following(self) -> None:
+        """Follow each client's events (for the live display) and, with ``-v``, every process's log."""
+        self.follower = follow_run(
+            self.folder, self.clients, self.events.put, events=isinstance(self.printer, LiveConsole), logs=self.verbose
+        )
+
+    def _stop_following(self) -> None:
+        """Stop following; show the log lines still to show (the processes' last ones)."""
+        if self.follower is None:
+            return
+        self.follower.stop()
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+            if event and event.get("event") == LOG_LINE_EVENT:
+                self._show(event)
 
     def _check_clients(self) -> None:
         """Show a client that exited with an error, with its last error lines; end the run if it is too early.
@@ -272,6 +343,7 @@ class _Run:
             code = self.processes[site].poll()
             if code in (None, 0) or self.printer.noted(site):
                 continue
+            self.printer.show({"event": "process_exited", "site": site, "code": code})
             errors = self.folder / site / "stderr.txt"
             tail = error_tail(errors)
             when = "during the job" if self._workflows_started else "before the job started"
@@ -293,34 +365,21 @@ class _Run:
                 continue
             if event is None:
                 raise _ServerFailed(self._crashed("server")[1])
-            if event.get("event") == "listening":
+            if event.get("event") == "listening" and "endpoint" in event:
                 return str(event["endpoint"])
             self.printer.show(event)
         raise _ServerFailed(f"the server did not start within {STARTUP_TIMEOUT_S:.0f} s")
 
-    def _start(self, site: str, extra: list[str], capture: bool = False) -> subprocess.Popen[bytes]:
-        (self.folder / site).mkdir(parents=True, exist_ok=True)
+    def _arguments(self, site: str, extra: list[str]) -> list[str]:
+        """The arguments of ``python -m engine.runtime.entry`` for ``site`` (its parent: the launcher)."""
         role = "server" if site == "server" else "client"
-        command = [
-            sys.executable, "-m", "engine.runtime.entry", role,
-            "--job", str(self.job.folder.resolve()), "--workspace", str(self.folder),
-            "--site", site, "--job-id", self.job_id, "--parent-pid", str(os.getpid()),
+        return [  # the role and the site first: they fit in ps whatever the paths (`command_line_room`)
+            role, "--site", site, "--job", str(self.job.folder.resolve()), "--workspace", str(self.folder),
+            "--job-id", self.job_id,
             *(["--insecure"] if self.insecure else ["--keys", str(self.keys[site])]),
             *(option for folder in self.allowed_dirs for option in ("--allow-dir", str(folder))),
             *extra, *(["--verbose"] if self.verbose else []),
         ]  # fmt: skip
-        errors = (self.folder / site / "stderr.txt").open("wb")
-        process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE if capture else errors,
-            stderr=errors,
-            stdin=subprocess.DEVNULL,
-            cwd=self.folder / site,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        errors.close()
-        self.processes[site] = process
-        return process
 
     def _read_events(self, stream: IO[bytes]) -> None:
         for raw in stream:
@@ -329,6 +388,7 @@ class _Run:
             except ValueError:
                 continue
             if isinstance(event, dict):
+                self.timings.from_event(event)
                 self.events.put(event)
         self.events.put(None)
 
@@ -337,60 +397,36 @@ class _Run:
 
         On Ctrl-C, or when the server ended without a result, every process is told to stop at
         once (SIGTERM: the server aborts its workflow, a client abandons its task); otherwise
-        clients get the time to hear END_RUN.
+        clients get the time to hear END_RUN. Clients still waiting for the server's endpoint
+        (it never listened) see their stdin close and exit.
         """
-        for site, process in self.processes.items():
-            if process.poll() is None and (at_once or site == "server"):
-                process.terminate()
-        deadline = time.monotonic() + STOP_GRACE_S
-        for process in self.processes.values():
-            try:
-                process.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(5.0)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
+        if self.launcher is not None:
+            self.launcher.stop_all(list(self.processes) if at_once else ["server"], STOP_GRACE_S, self.folder)
+            if self.launcher.ready_at is not None:
+                self.timings.mark("launcher_ready", self.launcher.ready_at)
+        self.timings.mark("processes_exited")
 
     def _server_result(self) -> tuple[JobState | None, str]:
-        try:
-            record = json.loads((self.folder / "server" / RESULT_FILE).read_text(encoding="utf-8"))
-            return JobState(record["state"]), str(record.get("reason", ""))
-        except (OSError, ValueError, KeyError):
-            return None, ""
+        return server_result(self.folder)
 
     def _crashed(self, site: str) -> tuple[JobState, str]:
         process = self.processes.get(site)
         code = process.poll() if process is not None else None
+        if self.launcher is not None and not self.launcher.wait_ready(0.0):
+            lines = [printable(line, ERROR_LINE_CHARS) for line in self.launcher.error_lines()[-ERROR_TAIL_LINES:]]
+            tail = " | ".join(lines) or "nothing on its stderr"
+            reason = f"the job processes could not start: {tail}; see {self.folder / LAUNCHER_ERRORS_FILE}"
+            return JobState.FINISHED_EXECUTION_EXCEPTION, reason
         return (
             JobState.FINISHED_EXECUTION_EXCEPTION,
             f"the {site} process exited (code {code}) without a result; see {self.folder / site / 'stderr.txt'}",
         )
 
     def _write_summary(self, state: JobState, reason: str) -> dict[str, Any]:
-        rounds: list[dict[str, Any]] = []
-        server_warnings: list[str] = []
-        try:
-            record = json.loads((self.folder / "server" / RESULT_FILE).read_text(encoding="utf-8"))
-            rounds = record.get("rounds", [])
-            server_warnings = [str(line) for line in record.get("warnings") or []]
-        except (OSError, ValueError, AttributeError):
-            pass
-        processes = {}
-        for site, process in self.processes.items():
-            entry: dict[str, Any] = {"exit_code": process.returncode}
-            try:
-                figures = json.loads((self.folder / site / PROCESS_FILE).read_text(encoding="utf-8"))
-                entry["peak_rss_mb"] = round(figures["peak_rss_bytes"] / 2**20, 1)
-            except (OSError, ValueError, KeyError):
-                entry["peak_rss_mb"] = None
-            processes[site] = entry
-        summary = {
+        for site, at in client_ready_times(self.folder, self.clients).items():
+            self.timings.client_ready(site, at)
+        self.timings.mark("summary_written")
+        fields = {
             "job": self.job.name,
             "job_id": self.job_id,
             "workspace": str(self.folder),
@@ -399,19 +435,10 @@ class _Run:
             "states": self.states,
             "clients": self.clients,
             "seconds": round(time.monotonic() - self.started, 2),
-            "rounds": rounds,
-            "refused": refused_counts(rounds),
-            "warnings": [*self.warnings, *server_warnings],
-            "processes": processes,
+            "warnings": self.warnings,
+            "timings": self.timings.to_summary(),
         }
-        matrix_file = self.folder / "server" / CROSS_SITE_FILE
-        if matrix_file.is_file():
-            try:
-                summary["cross_site_val"] = json.loads(matrix_file.read_text(encoding="utf-8"))
-            except ValueError:
-                log.warning("unreadable cross-site evaluation file: %s", matrix_file)
-        (self.folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-        return summary
+        return write_summary(self.folder, fields, {site: p.returncode for site, p in self.processes.items()})
 
 
 class _ServerFailed(Exception):

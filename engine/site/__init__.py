@@ -8,14 +8,25 @@ which all take an endpoint instead of assembling cells themselves. Public API::
 
 from __future__ import annotations
 
-from engine.site.endpoint import (
-    INSECURE_WARNING,
-    ScriptCredentials,
-    SiteEndpoint,
-    SiteSettings,
-    cell_settings_of,
-    insecure_requested,
-)
+from typing import TYPE_CHECKING, Any
+
+from engine.site.insecure import INSECURE_WARNING, insecure_requested
+
+if TYPE_CHECKING:
+    from engine.site.endpoint import ScriptCredentials, SiteEndpoint, SiteSettings, cell_settings_of
+
+#: Imported when first used: the endpoint imports torch, which a caller that only checks a
+#: config for ``insecure`` (the simulator's own process) does not need.
+_FROM_ENDPOINT = frozenset({"ScriptCredentials", "SiteEndpoint", "SiteSettings", "cell_settings_of"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_ENDPOINT:
+        from engine.site import endpoint
+
+        return getattr(endpoint, name)
+    raise AttributeError(f"module 'engine.site' has no attribute {name!r}")
+
 
 __all__ = [
     "INSECURE_WARNING",

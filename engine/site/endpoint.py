@@ -27,6 +27,7 @@ from engine.errors import SecurityError
 from engine.fobs import default_registry
 from engine.paths import path_inside_any
 from engine.security import SERVER_KEY_FILE, load_cell_security
+from engine.site.insecure import INSECURE_KEY
 from engine.streaming.codec import MessageCodec
 from engine.streaming.disk import DiskConsumerFactory, DiskDownloads
 from engine.streaming.service import DownloadService
@@ -36,26 +37,12 @@ log = logging.getLogger(__name__)
 
 #: Where downloads to disk go by default, under a side's workspace folder.
 DEFAULT_DOWNLOADS_FOLDER = "downloads"
-#: The warning every start of an insecure site prints (and logs).
-INSECURE_WARNING = (
-    "WARNING: insecure = true: connections are neither encrypted nor authenticated; anyone who "
-    "reaches the port can join as any site, read every model and change the result"
-)
-
-
-#: The key of a config's ``cell`` object that turns CURVE off; the rest are `CellSettings`.
-INSECURE_KEY = "insecure"
 
 
 def cell_settings_of(config: Mapping[str, Any]) -> CellSettings:
     """The `CellSettings` of a validated config's ``cell`` object (``insecure`` is the site's, not the cell's)."""
     cell = {key: value for key, value in config.get("cell", {}).items() if key != INSECURE_KEY}
     return CellSettings.from_config(cell)
-
-
-def insecure_requested(config: Mapping[str, Any]) -> bool:
-    """Whether a validated config says ``cell { insecure = true }``."""
-    return config.get("cell", {}).get(INSECURE_KEY) is True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,8 @@ every message it receives pulls them, with the job's chunk sizes and timeouts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -15,15 +16,22 @@ import torch
 
 from engine.errors import SerializationError
 from engine.fobs import DecodeContext, EncodeContext, Registry, deserialize, serialize
+from engine.streaming.folding import FoldingConsumer, TensorSink
 from engine.streaming.service import ByteBudget, ConsumerFactory
 from engine.streaming.via_downloader import (
     OFFERS_PROP,
     RECEIVERS_PROP,
     STREAMING_PROP,
+    StreamedItem,
     StreamingContext,
     TensorViaDownloaderDecomposer,
     install_via_downloader,
 )
+
+#: ``place(peeked) -> {item: target tensor}``: see `MessageCodec.decode`.
+Placement = Callable[[Any], Mapping[StreamedItem, torch.Tensor]]
+#: ``fold(peeked) -> sink or None``: see `MessageCodec.decode`.
+Folding = Callable[[Any], TensorSink | None]
 
 
 class MessageCodec:
@@ -72,6 +80,8 @@ class MessageCodec:
         sender: str | None = None,
         max_bytes: int | None = None,
         what: str = "the message",
+        place: Placement | None = None,
+        fold: Folding | None = None,
     ) -> Any:
         """Rebuild an object from received frames, pulling its streamed tensors first.
 
@@ -84,11 +94,33 @@ class MessageCodec:
             max_bytes: Bytes the message's streams may announce together; a bigger one is
                 refused before anything is reserved. None: no bound.
             what: What the message is, for the refusal (``"a result of site-1"``).
+            place: Puts streamed tensors into tensors of the receiver's own. It is called with
+                the message rebuilt before anything is pulled (every streamed or inline tensor
+                and array a `StreamedItem`) and returns target tensors by the items they stand
+                for; those land straight in the targets when all of them fit (see
+                `MemoryConsumer`) and the rebuilt message holds the targets in their places;
+                otherwise everything lands in new memory as without ``place``. None: no peek.
+            fold: Hands streamed tensors on one at a time instead (a server folding results
+                into a sum): called with the message rebuilt before anything is pulled, as
+                ``place``; when it returns a `TensorSink`, the message's streamed torch tensors
+                go to it through a `FoldingConsumer` (each once complete; the rebuilt message
+                holds meta tensors in their places), else the message is received as without.
         """
         if not frames:
             raise SerializationError("an empty message: expected a FOBS header frame")
         context = self.context
         changes: dict[str, Any] = {}
+        if place is not None or fold is not None:
+            peek = replace(context, peek=True, **({"sender": sender} if sender is not None else {}))
+            peeked = deserialize(frames[0], frames[1:], DecodeContext(props={STREAMING_PROP: peek}), self._registry)
+            sink = fold(peeked) if fold is not None else None
+            if sink is not None:
+                changes["tensor_consumer"] = functools.partial(FoldingConsumer, sink=sink)
+            elif place is not None:
+                targets = {item.item: tensor for item, tensor in place(peeked).items() if item.kind == "tensors"}
+                if targets:
+                    changes["targets"] = targets
+            del peeked
         if consumer_factory is not None:
             changes["consumer_factory"] = consumer_factory
         if sender is not None:

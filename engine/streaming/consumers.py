@@ -12,7 +12,7 @@ import bisect
 import math
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,15 +117,33 @@ class MemoryConsumer(StreamConsumer):
     one that is no longer in use. New memory gets huge pages and is faulted in on background
     threads, in the order the chunks will fill it (`engine.fobs.page_populator`), instead of
     page by page as they land.
+
+    Args:
+        layout: The stream's layout.
+        chunk_bytes: The chunk size, in bytes.
+        targets: Tensors of the receiver's own to fill instead, by stream name (a training
+            script's parameters, `engine.client.receive` with ``into``). They are used only when
+            every one of them fits its entry exactly (same shape and dtype, contiguous CPU memory
+            of its own): otherwise none is, and the stream lands in new memory as without
+            targets, so a mismatch is found (and named) by the caller before any byte of the
+            receiver's tensors has changed. A target's tensor is what `finish` returns for it.
     """
 
     places_on_io_thread = True
 
-    def __init__(self, layout: StreamLayout, chunk_bytes: int) -> None:
+    def __init__(
+        self, layout: StreamLayout, chunk_bytes: int, targets: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
         super().__init__(layout, chunk_bytes)
         self._tensors: dict[str, torch.Tensor] | None = {}
+        placed = targets if targets and targets_fit(layout, targets) else {}
+        #: How many entries land in the caller's own tensors (0: all in new memory).
+        self.placed_count = len(placed)
         new_memory = []
         for entry in layout.entries:
+            if entry.name in placed:
+                self._tensors[entry.name] = placed[entry.name]
+                continue
             tensor, fresh = pooled_take(entry.shape, torch_dtype(entry.dtype))
             self._tensors[entry.name] = tensor
             if fresh:
@@ -161,6 +179,32 @@ class MemoryConsumer(StreamConsumer):
 
     def abort(self) -> None:
         self._tensors, self._targets = None, []
+
+
+def targets_fit(layout: StreamLayout, targets: Mapping[str, torch.Tensor]) -> bool:
+    """Whether every target names an entry of ``layout`` and can take its bytes in place.
+
+    A target fits when it is a CPU tensor of the entry's shape and dtype, contiguous, and shares
+    no memory with another target (two targets on one storage would each get the other's bytes).
+    """
+    entries = {entry.name: entry for entry in layout.entries}
+    spans: list[tuple[int, int]] = []
+    for name, target in targets.items():
+        entry = entries.get(name)
+        if (
+            entry is None
+            or not isinstance(target, torch.Tensor)
+            or target.device.type != "cpu"
+            or not target.is_contiguous()
+            or target.dtype != torch_dtype(entry.dtype)
+            or tuple(target.shape) != entry.shape
+            or target.requires_grad
+        ):
+            return False
+        if target.nbytes:
+            spans.append((target.data_ptr(), target.data_ptr() + target.nbytes))
+    spans.sort()
+    return all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:], strict=False))
 
 
 class _FileWriter:

@@ -104,6 +104,7 @@ class DownloadService:
         self.registry = DownloadRegistry()
         #: Chunks this service has served (a figure for logs and tests).
         self.chunks_served = 0
+        self._bytes_served: dict[str, int] = {}  # requester -> chunk bytes served to it
         self._count_lock = threading.Lock()
         self._closed = threading.Event()
         for topic, handler in ((TOPIC_INFO, self._on_info), (TOPIC_DONE, self._on_done)):
@@ -174,6 +175,11 @@ class DownloadService:
         for ref in refs:
             self.registry.finish(ref, receiver)
 
+    def bytes_served(self) -> dict[str, int]:
+        """Chunk bytes served so far, by requester (a cheap snapshot, for progress displays)."""
+        with self._count_lock:
+            return dict(self._bytes_served)
+
     def close(self) -> None:
         """Stop serving: unregister the handlers and free every downloadable."""
         if self._closed.is_set():
@@ -204,8 +210,10 @@ class DownloadService:
         index = message.header.get("index")
         try:
             frames = self.registry.chunk(message.header.get("ref"), message.source, index)
+            size = sum(memoryview(frame).nbytes for frame in frames)
             with self._count_lock:
                 self.chunks_served += 1
+                self._bytes_served[message.source] = self._bytes_served.get(message.source, 0) + size
             return Reply(header={"index": index}, frames=frames)
         except (DownloadRefused, StreamingError) as e:
             return Reply(status=Status.ERROR, reason=str(e))

@@ -9,13 +9,20 @@ messages stream, and in what chunks, comes from the `StreamingContext` in the FO
 props; without one, or with a chunk size of 0, tensors travel inline as before. When the
 context's consumers download to disk (`engine.streaming.disk`), each tensor is put back as a
 `LazyRef` to the downloaded file instead, read only when resolved.
+
+A receiver that wants some tensors in memory of its own (a training script's parameters) decodes
+a message twice (`engine.streaming.codec.MessageCodec.decode` with ``place``): first a *peek*
+(``StreamingContext.peek``) that pulls nothing and puts a `StreamedItem` where each streamed
+value would be, to see which tensor stands where; then for real, with ``targets`` naming the
+tensors the stream's entries land in.
 """
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -70,6 +77,12 @@ class StreamingContext:
             authenticated it. Its references must name that cell as the owner of their data, so
             a message cannot make the receiver pull from a third cell. None: not checked.
         budget: When receiving one message: the bytes its downloads may announce together.
+        peek: When receiving one message: pull nothing, and rebuild every streamed (or inline)
+            tensor and array as a `StreamedItem` placeholder, to see where each one stands.
+        targets: When receiving one message: tensors of the receiver's own that streamed
+            tensors land in, by the item key of their `StreamedItem` (see `MemoryConsumer`).
+        tensor_consumer: When receiving one message: where its streamed torch tensors land
+            instead of ``consumer_factory`` (a `FoldingConsumer` that folds them into a sum).
     """
 
     cell: Cell
@@ -83,6 +96,9 @@ class StreamingContext:
     min_throughput: int = DEFAULT_MIN_THROUGHPUT
     sender: str | None = None
     budget: ByteBudget | None = None
+    peek: bool = False
+    targets: Mapping[str, torch.Tensor] = field(default_factory=dict, compare=False)
+    tensor_consumer: ConsumerFactory | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.transaction_timeout_s is None:
@@ -126,6 +142,25 @@ class StreamingContext:
             max_in_flight=_setting(config, "streaming_max_requests_in_flight", DEFAULT_MAX_IN_FLIGHT, minimum=1),
             min_throughput=_setting(config, "streaming_min_throughput", DEFAULT_MIN_THROUGHPUT, minimum=0),
         )
+
+
+@dataclass(frozen=True)
+class StreamedItem:
+    """Where a streamed value stands in a message decoded with ``peek``: nothing is pulled yet.
+
+    Attributes:
+        kind: ``"tensors"`` or ``"arrays"`` (the download it comes by), ``"inline"`` for a
+            value that travels in the message itself, ``"file"`` for an object of a file-based
+            decomposer (only ``"tensors"`` items can be placed).
+        item: Its key in that download's stream (``""`` for inline values).
+    """
+
+    kind: str
+    item: str = ""
+
+
+#: The placeholder of a tensor or array that travels inline (chunk size 0).
+INLINE_ITEM = StreamedItem("inline")
 
 
 def check_owner(context: StreamingContext, owner: object, what: str) -> None:
@@ -195,12 +230,21 @@ class _ViaDownloader(ABC):
         except (ValueError, KeyError, TypeError) as e:
             raise SerializationError(f"malformed reference to streamed {self.kind}: {e}") from e
         check_owner(context, owner, self.kind)
+        if context.peek:
+            ctx.state[self.kind] = _PEEKED
+            return
+        consumer_factory = context.consumer_factory
+        if context.tensor_consumer is not None and self.kind == "tensors":
+            consumer_factory = context.tensor_consumer
+        elif context.targets and self.kind == "tensors":
+            # The receiver's own tensors, in memory whatever the context's consumers do otherwise.
+            consumer_factory = functools.partial(MemoryConsumer, targets=context.targets)
         ctx.state[self.kind] = download_tensors(
             context.cell,
             owner,
             ref,
             context.per_request_timeout_s,
-            context.consumer_factory,
+            consumer_factory,
             context.max_in_flight,
             context.budget,
             context.min_throughput,
@@ -210,6 +254,8 @@ class _ViaDownloader(ABC):
         """The downloaded tensor a reference stands for, or a `LazyRef` when it went to disk."""
         try:
             downloaded = ctx.state[self.kind]
+            if downloaded is _PEEKED:
+                return StreamedItem(self.kind, str(data["item"]))
             if isinstance(downloaded, LazyTensorDict):
                 return downloaded.make_lazy_ref(data["item"], as_numpy=as_numpy)
             return downloaded[data["item"]]
@@ -232,9 +278,9 @@ class TensorViaDownloaderDecomposer(_ViaDownloader, TensorDecomposer):
     def decompose(self, obj: torch.Tensor, ctx: EncodeContext) -> Any:
         return self.gather(obj, ctx) or {"inline": super().decompose(obj, ctx)}
 
-    def recompose(self, data: Any, ctx: DecodeContext) -> torch.Tensor | LazyRef:
+    def recompose(self, data: Any, ctx: DecodeContext) -> torch.Tensor | LazyRef | StreamedItem:
         if isinstance(data, dict) and "inline" in data:
-            return super().recompose(data["inline"], ctx)
+            return INLINE_ITEM if _peeking(ctx) else super().recompose(data["inline"], ctx)
         return self.lookup(data, ctx)
 
 
@@ -258,11 +304,20 @@ class ArrayViaDownloaderDecomposer(_ViaDownloader, NumpyArrayDecomposer):
         gathered = self.gather(tensor, ctx) if tensor is not None else None
         return gathered or {"inline": super().decompose(obj, ctx)}
 
-    def recompose(self, data: Any, ctx: DecodeContext) -> np.ndarray | LazyRef:
+    def recompose(self, data: Any, ctx: DecodeContext) -> np.ndarray | LazyRef | StreamedItem:
         if isinstance(data, dict) and "inline" in data:
-            return super().recompose(data["inline"], ctx)
+            return INLINE_ITEM if _peeking(ctx) else super().recompose(data["inline"], ctx)
         value = self.lookup(data, ctx, as_numpy=True)
-        return value if isinstance(value, LazyRef) else value.numpy()
+        return value if isinstance(value, (LazyRef, StreamedItem)) else value.numpy()
+
+
+#: What a peeking pull leaves in the decode state instead of the downloaded tensors.
+_PEEKED = object()
+
+
+def _peeking(ctx: DecodeContext) -> bool:
+    context = ctx.props.get(STREAMING_PROP)
+    return context is not None and context.peek
 
 
 def install_via_downloader(registry: Registry) -> None:

@@ -22,6 +22,7 @@ from engine.streaming.via_downloader import (
     DEFAULT_CHUNK_BYTES,
     RECEIVERS_PROP,
     STREAMING_PROP,
+    StreamedItem,
     StreamingContext,
     check_owner,
 )
@@ -113,6 +114,8 @@ class ViaFileDecomposer(Decomposer[T]):
         if not isinstance(data, dict) or not isinstance(data.get("ref"), str) or not isinstance(data.get("owner"), str):
             raise SerializationError(f"malformed reference to a file holding {self._type_name()}: {data!r}")
         check_owner(context, data["owner"], f"file holding {self._type_name()}")
+        if context.peek:  # a look at the message before anything is pulled
+            return StreamedItem("file")  # type: ignore[return-value]
         with tempfile.TemporaryDirectory(prefix="flengine-recv-", dir=self.temp_dir) as folder:
             path = download_file(
                 context.cell,

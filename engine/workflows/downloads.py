@@ -11,7 +11,7 @@ from typing import Any
 
 from engine.aggregators.weighted import resolve_value
 from engine.controller.context import DiskDownloadArea, JobContext
-from engine.model import FLModel
+from engine.model import FLModel, shown_round
 from engine.paths import JobPaths
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,9 @@ def disk_figures(area: DiskDownloadArea | None, current_round: int) -> dict[str,
         return {}
     left = area.bytes_used()
     if left:
-        log.warning("downloaded files left after round %d: bytes=%d folder=%s", current_round, left, area.folder)
+        log.warning(
+            "downloaded files left after round %d: bytes=%d folder=%s", shown_round(current_round), left, area.folder
+        )
     return {"disk_downloads": area.downloads, "disk_bytes_left": left}
 
 

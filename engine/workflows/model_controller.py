@@ -6,10 +6,20 @@ import logging
 import random
 from abc import abstractmethod
 from collections.abc import Callable
+from typing import Any
 
 from engine.aggregators.weighted import release_values
 from engine.controller import ClientTask, Controller, ResultRefused, Task, TaskCompletionStatus
-from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shareable_from_model
+from engine.controller.queue import RESULT_RECEIVER_PROP
+from engine.model import (
+    FLModel,
+    ReservedHeaderKey,
+    ReturnCode,
+    Shareable,
+    model_from_shareable,
+    shareable_from_model,
+    shown_round,
+)
 from engine.persistors import ModelPersistor
 from engine.workflows.downloads import with_real_tensors
 
@@ -22,7 +32,12 @@ REASON_HEADER = "reason"
 
 
 class ModelController(Controller):
-    """Base of model-based workflows such as `FedAvg`: they implement `run`.
+    """Base of model-based workflows: they implement `run`.
+
+    Round-based algorithms (`FedAvg`, `FedOpt`, `ScatterAndGather`) do not write `run`
+    themselves: they fill in the hooks of `engine.workflows.round_loop.RoundLoop`, which is
+    written on these helpers. A workflow of another shape (a single task, cross-site
+    evaluation) subclasses this class directly.
 
     Args:
         persistor_id: Id of the `ModelPersistor` component that loads and saves the model.
@@ -33,6 +48,7 @@ class ModelController(Controller):
         self.persistor_id = persistor_id
         self.failures: dict[str, str] = {}
         self.refused: dict[str, str] = {}
+        self.errors: dict[str, str] = {}
 
     @abstractmethod
     def run(self) -> None:
@@ -93,12 +109,56 @@ class ModelController(Controller):
 
         Returns:
             The successful results (``meta["client_name"]`` says whose), unless a callback took them.
-            Failed results are recorded in `failures` (client -> reason).
+            Failed results are recorded in `failures` (client -> reason): those refused by a check
+            (or the callback) also in `refused`, error results (a non-OK return code) in `errors`.
+        """
+        current_round, total_rounds = (data.current_round, data.total_rounds) if data else (None, None)
+        handed = [shareable_from_model(data or FLModel())]
+        del data  # from here on only the task holds the model: this frame keeps no reference
+        return self.send_and_gather(
+            handed.pop(),
+            targets=targets,
+            task_name=task_name,
+            current_round=current_round,
+            total_rounds=total_rounds,
+            timeout=timeout,
+            wait_time_after_min_received=wait_time_after_min_received,
+            min_responses=min_responses,
+            callback=callback,
+            release_after_send=release_after_send,
+        )
+
+    def send_and_gather(
+        self,
+        shareable: Shareable,
+        *,
+        targets: list[str] | None = None,
+        task_name: str = "train",
+        current_round: int | None = None,
+        total_rounds: int | None = None,
+        timeout: float = 0.0,
+        wait_time_after_min_received: float = 0.0,
+        min_responses: int | None = None,
+        callback: ResultCallback | None = None,
+        release_after_send: bool = False,
+        cancel_on_error: bool = False,
+        result_receiver: Callable[[Shareable, str], Any] | None = None,
+    ) -> list[FLModel]:
+        """`send_model_and_wait` for task data already in a `Shareable` (a DXO, say): results come back as `FLModel`.
+
+        Args:
+            shareable: The task data; the task holds it from here on (with ``release_after_send``,
+                until every target has been sent it).
+            current_round: Set as the task's ``current_round`` header; a result of another round is refused.
+            total_rounds: Set as the task's ``total_rounds`` header.
+            cancel_on_error: Cancel the task at once when a client's result is an error (a
+                non-OK return code); such results are in `errors` as well as `failures`.
+            result_receiver: Asked before each result's tensors are pulled (see
+                `engine.controller.queue.RESULT_RECEIVER_PROP`): the round loop's folding into the sum.
+
+        The other args and the return value are `send_model_and_wait`'s.
         """
         targets = list(targets) if targets is not None else self.get_clients()
-        shareable = shareable_from_model(data or FLModel())
-        current_round, total_rounds = (data.current_round, data.total_rounds) if data else (None, None)
-        del data  # from here on only the task holds the model
         shareable.set_header(ReservedHeaderKey.TASK_NAME, task_name)
         if current_round is not None:
             shareable.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
@@ -107,9 +167,10 @@ class ModelController(Controller):
         results: list[FLModel] = []
         self.failures = {}
         self.refused = {}
+        self.errors = {}
 
         def refuse(client: str, reason: str) -> None:
-            log.warning("result refused: site=%s round=%s reason=%s", client, current_round, reason)
+            log.warning("result refused: site=%s round=%s reason=%s", client, shown_round(current_round), reason)
             self.failures[client] = reason
             self.refused[client] = reason
 
@@ -117,9 +178,12 @@ class ModelController(Controller):
             result = client_task.result
             client_task.result = None  # InTime: the task keeps no client's tensors
             if result is None or result.get_return_code() is not ReturnCode.OK:  # the site says it failed
-                reason = self._result_model(result, client_task.client, current_round)
-                self.failures[client_task.client] = str(reason)
-                raise ResultRefused(str(reason))
+                reason = str(self._result_model(result, client_task.client, current_round))
+                self.failures[client_task.client] = reason
+                self.errors[client_task.client] = reason
+                if cancel_on_error:
+                    self.cancel_task(client_task.task)
+                raise ResultRefused(reason)
             model_or_reason = self._result_model(result, client_task.client, current_round)
             if isinstance(model_or_reason, str):
                 refuse(client_task.client, model_or_reason)
@@ -142,6 +206,7 @@ class ModelController(Controller):
         task = Task(
             task_name,
             shareable,
+            props={RESULT_RECEIVER_PROP: result_receiver} if result_receiver is not None else None,
             timeout=timeout,
             result_received_cb=on_result,
             after_task_sent_cb=release_when_all_sent if release_after_send else None,
@@ -175,7 +240,7 @@ class ModelController(Controller):
             return f"{code.value}: {result.get_header(REASON_HEADER, 'no reason given')}"
         result_round = result.get_header(ReservedHeaderKey.CURRENT_ROUND)
         if current_round is not None and result_round is not None and result_round != current_round:
-            return f"result of round {result_round} arrived in round {current_round}"
+            return f"result of round {shown_round(result_round)} arrived in round {shown_round(current_round)}"
         try:
             model = model_from_shareable(result)
         except ValueError as e:

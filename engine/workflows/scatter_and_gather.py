@@ -1,28 +1,27 @@
-"""`ScatterAndGather`: the DXO path of federated averaging (aggregator, shareable generator, persistor)."""
+"""`ScatterAndGather`: federated averaging on the DXO path (`RoundLoop`, a DXO aggregator, a shareable generator)."""
 
 from __future__ import annotations
 
-import functools
 import logging
-import time
+import random
 from typing import Any
 
-from engine.aggregators import Aggregator, ResultRules, release_values
-from engine.controller import ClientTask, Controller, ResultRefused, Task
-from engine.controller.context import DiskDownloadArea
-from engine.model import DXO, FLModel, ReservedHeaderKey, ReturnCode, Shareable
-from engine.paths import JobPaths
-from engine.persistors import ModelPersistor
-from engine.workflows.downloads import check_download_dir, disk_figures, receiving_to_disk, with_real_tensors
-from engine.workflows.model_controller import REASON_HEADER
+from engine.aggregators import Aggregator, DXOAggregatorAsModel, ModelAggregator, ResultRules
+from engine.model import FLModel, Shareable, dxo_from_model
+from engine.workflows.round_loop import RoundLoop
 from engine.workflows.shareable_generator import ShareableGenerator
 
 log = logging.getLogger(__name__)
 
 
-class ScatterAndGather(Controller):
+class ScatterAndGather(RoundLoop):
     """Each round: scatter the global model (a DXO) as the ``train`` task, gather results into the
     aggregator as they arrive, apply the aggregate through the shareable generator, save.
+
+    The round loop is `RoundLoop`'s (FedAvg's): the aggregator is used through
+    `DXOAggregatorAsModel`, the model a round starts from is saved while the clients download
+    it, and the last one when the rounds end. Unlike FedAvg's, the global model stays in memory
+    for the whole round (the shareable generator applies the aggregate to it).
 
     Args:
         min_clients: Results a round needs (the task waits for this many).
@@ -66,131 +65,67 @@ class ScatterAndGather(Controller):
         allow_non_finite: bool = False,
         metric_ranges: dict[str, list[float]] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(persistor_id)
         if min_clients < 1 or num_rounds < 1 or start_round < 0:
             raise ValueError(
                 f"min_clients and num_rounds must be >= 1 and start_round >= 0, got "
                 f"min_clients={min_clients} num_rounds={num_rounds} start_round={start_round}"
             )
-        self.min_clients = min_clients
-        self.num_rounds = num_rounds
-        self.start_round = start_round
-        self.wait_time_after_min_received = wait_time_after_min_received
+        self.configure_loop(
+            num_rounds=num_rounds,
+            start_round=start_round,
+            min_clients=min_clients,
+            wait_time_after_min_received=wait_time_after_min_received,
+            train_timeout=train_timeout,
+            task_name=train_task_name,
+            ignore_result_error=ignore_result_error,
+            download_to_disk=download_to_disk,
+            download_to_disk_dir=download_to_disk_dir,
+            rules=ResultRules.from_args(allow_non_finite, metric_ranges),
+        )
         self.aggregator_id = aggregator_id
-        self.persistor_id = persistor_id
         self.shareable_generator_id = shareable_generator_id
         self.train_task_name = train_task_name
-        self.train_timeout = train_timeout
-        self.ignore_result_error = ignore_result_error
-        self.download_to_disk = download_to_disk
-        self.download_to_disk_dir = download_to_disk_dir
-        self.rules = ResultRules.from_args(allow_non_finite, metric_ranges)
 
-    def _gather(
-        self,
-        aggregator: Aggregator,
-        current_round: int,
-        accepted: list[str],
-        failures: dict[str, str],
-        refused: dict[str, str],
-        client_task: ClientTask,
-    ) -> None:
-        """Check one client's result and give it to the aggregator as it arrives, then drop it."""
-        result, client_task.result = client_task.result, None
-        client = client_task.client
-        code = result.get_return_code() if result is not None else ReturnCode.EMPTY_RESULT
-        if code is not ReturnCode.OK:
-            reason = result.get_header(REASON_HEADER, "") if result is not None else ""
-            failures[client] = f"{code.value}: {reason}"
-            if not self.ignore_result_error:
-                self.cancel_task(client_task.task)
-            return
-        try:
-            self.rules.check_dxo_result(result, client, current_round)
-            if not aggregator.accept(result, client, current_round):
-                raise ValueError("refused by the aggregator (its reason is in the server log)")
-        except ValueError as e:
-            log.warning("result refused: site=%s round=%d reason=%s", client, current_round, e)
-            refused[client] = str(e)
-            _release(result)
-            raise ResultRefused(str(e)) from e
-        accepted.append(client)
+    @property
+    def generator(self) -> ShareableGenerator:
+        """The ``shareable_generator_id`` component."""
+        return self.context.get_component(self.shareable_generator_id, ShareableGenerator, key="shareable_generator_id")
 
-    def use_job_paths(self, paths: JobPaths) -> None:
-        """At job start: refuse a ``download_to_disk_dir`` outside the site's folders (see `check_download_dir`)."""
-        check_download_dir(paths, self.download_to_disk, self.download_to_disk_dir)
-
-    def run(self) -> None:
-        with receiving_to_disk(self.context, self.download_to_disk, self.download_to_disk_dir) as area:
-            self._run_rounds(area)
-
-    def _run_rounds(self, area: DiskDownloadArea | None) -> None:
+    def make_aggregator(self) -> ModelAggregator:
+        """The ``aggregator_id`` component: a DXO `Aggregator`, adapted to the round loop's interface."""
         aggregator = self.context.get_component(self.aggregator_id, Aggregator, key="aggregator_id")
-        persistor = self.context.get_component(self.persistor_id, ModelPersistor, key="persistor_id")
-        generator = self.context.get_component(
-            self.shareable_generator_id, ShareableGenerator, key="shareable_generator_id"
-        )
-        model = persistor.load_model()
+        self.generator  # noqa: B018 - a missing generator fails the run here, before any round
+        return DXOAggregatorAsModel(aggregator)
+
+    def round_clients(self, rng: random.Random) -> list[str]:
+        """All of the job's clients.
+
+        Raises:
+            RuntimeError: Fewer clients run the job than ``min_clients``.
+        """
         clients = self.get_clients()
         if len(clients) < self.min_clients:
             raise RuntimeError(f"min_clients={self.min_clients} but only {len(clients)} clients run the job")
-        for current_round in range(self.start_round, self.start_round + self.num_rounds):
-            if self.abort_signal.is_set():
-                return
-            started = time.monotonic()
-            self.context.report("round_started", round=current_round, total_rounds=self.num_rounds, clients=clients)
-            aggregator.reset()
-            accepted: list[str] = []
-            failures: dict[str, str] = {}
-            refused: dict[str, str] = {}
-            aggregator.start_round(current_round, functools.partial(_params_of, model))  # held here anyway
+        return list(clients)
 
-            gather = functools.partial(self._gather, aggregator, current_round, accepted, failures, refused)
+    def results_needed(self, clients: list[str]) -> int:
+        """``min_clients``."""
+        return self.min_clients
 
-            data = generator.learnable_to_shareable(model)
-            data.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
-            data.set_header(ReservedHeaderKey.TOTAL_ROUNDS, self.num_rounds)
-            task = Task(self.train_task_name, data, timeout=self.train_timeout, result_received_cb=gather)
-            self.broadcast_and_wait(
-                task,
-                targets=clients,
-                min_responses=self.min_clients,
-                wait_time_after_min_received=self.wait_time_after_min_received,
-                abort_signal=self.abort_signal,
-            )
-            if failures and not self.ignore_result_error:
-                raise RuntimeError(f"round {current_round + 1}: a client's result is an error: {failures}")
-            if self.abort_signal.is_set():
-                return
-            if len(accepted) < self.min_clients:
-                raise RuntimeError(
-                    f"round {current_round + 1}: {len(accepted)} usable result(s), {self.min_clients} needed "
-                    f"(min_clients); {({**failures, **refused}) or 'no reason reported'}"
-                )
-            model = generator.shareable_to_learnable(aggregator.aggregate(current_round), model)
-            model.current_round = current_round
-            persistor.save_model(with_real_tensors(model))
-            self.context.report(
-                "round_done",
-                round=current_round,
-                total_rounds=self.num_rounds,
-                time_s=round(time.monotonic() - started, 3),
-                metrics=dict(model.metrics or {}),
-                clients=sorted(accepted),
-                failed={**failures, **refused},
-                refused=refused,
-                **disk_figures(area, current_round),
-            )
+    def task_data(self, model: FLModel, current_round: int) -> Shareable:
+        """The shareable generator's task data for ``model``.
 
+        The model stays held here: the generator applies the round's aggregate to it.
+        """
+        return self.generator.learnable_to_shareable(model)
 
-def _release(result: Shareable) -> None:
-    """Let go of a refused result's downloaded files, if it has any."""
-    try:
-        release_values(DXO.from_shareable(result).data)
-    except ValueError:
-        pass
+    def check_result(self, result: FLModel, client: str, current_round: int, reference: dict[str, Any]) -> None:
+        """Refuse non-finite values; drop metrics outside their ranges (a METRICS DXO's and the ``metrics`` meta's)."""
+        super().check_result(result, client, current_round, reference)
+        if "metrics" in result.meta:
+            result.meta["metrics"] = self.rules.accepted_metrics(result.meta["metrics"], client, current_round)
 
-
-def _params_of(model: FLModel) -> dict[str, Any]:
-    """The global model's params (what an aggregator that reads the global model is given)."""
-    return dict(model.params or {})
+    def update_global(self, model: FLModel, update: FLModel, current_round: int, reference: dict[str, Any]) -> FLModel:
+        """The shareable generator's new model from the aggregate (as the DXO the aggregator made) and ``model``."""
+        return self.generator.shareable_to_learnable(dxo_from_model(update).to_shareable(), model)

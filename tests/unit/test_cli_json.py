@@ -195,3 +195,21 @@ def test_run_json_quiet_prints_the_summary_alone(
     assert code == 0
     assert json.loads(captured.out)["status"] == "FINISHED_COMPLETED"
     assert captured.err == ""
+
+
+@pytest.mark.slow  # a whole run; test_live_console covers the console itself
+def test_run_quiet_in_text_prints_one_line_per_round_and_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    make_bench_job(tmp_path, num_rounds=2)
+
+    code = main(["run", "bench_job", "--quiet", "--workspace", "ws"])
+
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert [line.split(" done in ")[0] for line in lines if line.startswith("[round ")] == [
+        "[round 1/2]",
+        "[round 2/2]",
+    ]
+    assert "round  time (s)  metrics" in lines and any(line.startswith("FINISHED_COMPLETED in ") for line in lines)

@@ -14,6 +14,7 @@ ENGINE = Path(__file__).resolve().parents[2] / "engine"
 ALLOWED = {
     "errors": set(),
     "text": set(),
+    "examples": set(),  # the example jobs' data and model: torch only
     "paths": {"errors"},
     "config": {"errors"},
     "fobs": {"errors"},
@@ -26,10 +27,12 @@ ALLOWED = {
     "aggregators": {"errors", "fobs", "model"},
     "persistors": {"errors", "paths", "fobs", "model"},
     "filters": {"errors", "model"},
+    "metrics": {"errors", "paths", "cells", "aggregators"},
     "workflows": {"errors", "paths", "model", "controller", "aggregators", "persistors", "filters"},
     "client": {"errors", "fobs", "cells", "streaming", "site", "model"},
     "executors": {
         "errors",
+        "text",
         "paths",
         "fobs",
         "cells",
@@ -55,6 +58,7 @@ ALLOWED = {
         "executors",
         "client",
         "filters",
+        "metrics",
     },
     "provision": {"errors", "config", "cells", "security"},
     "deploy": {
@@ -71,11 +75,27 @@ ALLOWED = {
         "fobs",
         "model",
     },
-    "cli": {"errors", "config", "fobs", "cells", "streaming", "model", "runtime", "provision", "deploy"},
+    # Reads a finished run's workspace (the file names runtime writes); nothing below imports it.
+    "report": {"errors", "text", "runtime"},
+    # Jobs written in Python: they write job folders (config) and run them (runtime's simulator).
+    "recipes": {"errors", "config", "runtime"},
+    "cli": {
+        "errors",
+        "text",
+        "config",
+        "fobs",
+        "cells",
+        "streaming",
+        "model",
+        "runtime",
+        "provision",
+        "deploy",
+        "report",
+    },
     "__main__": {"cli"},
     # Data for `flengine new` (read by engine.config.new_job as package resources); its .py files
     # are the job code copied into a new job's custom/, written with the Client API.
-    "templates": {"client", "model"},
+    "templates": {"client", "model", "examples"},
 }
 
 

@@ -20,9 +20,6 @@ CONFIGS = ("meta.conf", "app/config/config_fed_server.conf", "app/config/config_
 FILES = [
     "app/config/config_fed_client.conf",
     "app/config/config_fed_server.conf",
-    "app/custom/data/digits.csv.gz",
-    "app/custom/digits.py",
-    "app/custom/net.py",
     "app/custom/train.py",
     "meta.conf",
 ]
@@ -74,7 +71,7 @@ def test_cli_writes_the_job_and_reports_it_as_json(tmp_path: Path, capsys: pytes
         "template": "swarm",
         "files": FILES,
     }
-    assert (tmp_path / "digits" / "app/custom/data/digits.csv.gz").stat().st_size > 0
+    assert (tmp_path / "digits" / "app/custom/train.py").stat().st_size > 0
 
 
 def test_cli_text_lists_the_files_and_what_to_run_next(

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
+
+from engine.examples.digits import Net
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS_APP = ROOT / "jobs" / "fedavg" / "app" / "custom"
@@ -91,7 +92,7 @@ def make_liar_job(
             "id": "persistor",
             "path": "engine.persistors.PTFileModelPersistor",
             "args": {
-                "model": {"path": "net.Net", "args": {"hidden": 64}},
+                "model": {"path": "engine.examples.digits.Net", "args": {"hidden": 64}},
                 "key_metric": "global_accuracy",
                 "source_ckpt_file_full_name": "initial.safetensors",
             },
@@ -127,10 +128,5 @@ def _client_config(app: Path, script: str, script_args: str) -> None:
 
 def _write_initial_model(app: Path, seed: int) -> None:
     """The digits MLP's starting weights, from ``seed``."""
-    sys.path.insert(0, str(app / "custom"))
-    try:
-        from net import Net
-    finally:
-        sys.path.remove(str(app / "custom"))
     torch.manual_seed(seed)
     save_file({name: t.contiguous() for name, t in Net(hidden=64).state_dict().items()}, app / "initial.safetensors")

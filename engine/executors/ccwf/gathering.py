@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from engine.aggregators import Aggregator, ResultRules
-from engine.model import DXO, FLModel, ReturnCode, Shareable
+from engine.model import DXO, FLModel, ReturnCode, Shareable, shown_round
 from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class RoundGathering:
         try:
             (rules or ResultRules()).check_dxo_result(result, site, self.number)
         except ValueError as e:
-            log.warning("result refused: site=%s round=%d reason=%s", site, self.number, e)
+            log.warning("result refused: site=%s round=%d reason=%s", site, shown_round(self.number), e)
             self.fail(site, str(e))
             return
         if aggregator.accept(result, site, self.number):

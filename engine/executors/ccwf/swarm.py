@@ -27,7 +27,7 @@ from engine.errors import CellError, CellRemoteError
 from engine.executors.ccwf.client_side import ClientSideController, owner_among, refused
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy, rotate
 from engine.executors.ccwf.swarm_roles import SwarmRoles
-from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable
+from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shown_round
 from engine.model.ccwf import CCWF_CHANNEL
 from engine.paths import JobPaths
 from engine.persistors import ModelPersistor
@@ -230,7 +230,7 @@ class SwarmClientController(ClientSideController):
             self._service.drop_receiver(offers, aggr)
         else:
             raise RuntimeError(
-                f"round {current_round}: no aggregation client took the model "
+                f"round {current_round + 1}: no aggregation client took the model "
                 f"(aggr_clients: {', '.join(candidates)}; {self.learn_task_ack_timeout:g} s each)"
             )
         for trainer in trainers:
@@ -238,8 +238,8 @@ class SwarmClientController(ClientSideController):
                 unreachable.append(trainer)
                 self._service.drop_receiver(offers, trainer)
         if unreachable:
-            log.warning("round %d: not delivered to %s", current_round, ", ".join(unreachable))
-        log.info("round started round=%d aggr=%s trainers=%s", current_round, aggr, trainers)
+            log.warning("round %d: not delivered to %s", current_round + 1, ", ".join(unreachable))
+        log.info("round started round=%d aggr=%s trainers=%s", current_round + 1, aggr, trainers)
 
     def _deliver(
         self, site: str, header: dict[str, Any], data: Shareable, frames: list[Any], offers: list[str]
@@ -254,7 +254,7 @@ class SwarmClientController(ClientSideController):
             )
             return True
         except CellError as e:
-            log.warning("round %s not taken by %s: %s", header["round"], site, e)
+            log.warning("round %s not taken by %s: %s", shown_round(header["round"]), site, e)
             return False
 
     @property
@@ -295,8 +295,9 @@ class SwarmClientController(ClientSideController):
             try:
                 self._learn(header, payload, served, sender)
             except Exception as e:
-                log.exception("round %s failed on %s", header.get("round"), self.site)
-                self.update_status(error=f"round {header.get('round')} on {self.site}: {type(e).__name__}: {e}")
+                shown = shown_round(header.get("round"))
+                log.exception("round %s failed on %s", shown, self.site)
+                self.update_status(error=f"round {shown} on {self.site}: {type(e).__name__}: {e}")
             del payload
 
     def _learn(self, header: dict[str, Any], payload: Any, served: list[str], sender: str | None = None) -> None:
@@ -353,7 +354,7 @@ class SwarmClientController(ClientSideController):
                 self.cell.request(aggr, CCWF_CHANNEL, self._topic(RESULT), header, frames, self.submit_msg_timeout)
                 return
             except CellRemoteError as e:  # taken and refused (the round closed): nothing to retry
-                log.warning("round %d: %s refused the result: %s", current_round, aggr, e)
+                log.warning("round %d: %s refused the result: %s", current_round + 1, aggr, e)
                 return
             except CellError as e:
                 if time.monotonic() > deadline:
@@ -361,7 +362,7 @@ class SwarmClientController(ClientSideController):
                         f"could not hand the result to aggregation client {aggr} within "
                         f"request_to_submit_result_max_wait={self.submit_max_wait:g} s: {e}"
                     ) from e
-                log.warning("round %d: %s did not take the result yet: %s", current_round, aggr, e)
+                log.warning("round %d: %s did not take the result yet: %s", current_round + 1, aggr, e)
                 self.stopped.wait(self.submit_interval)
 
     # ----------------------------------------------------------------- aggregating a round
@@ -389,10 +390,10 @@ class SwarmClientController(ClientSideController):
             closed = current_round <= self._closed_up_to
         if entry is None or entry.closed:
             if closed or entry is not None:
-                return refused(message, f"round {current_round} is closed at {self.site}: the result came too late")
-            return refused(message, f"{self.site} does not aggregate round {current_round}")
+                return refused(message, f"round {current_round + 1} is closed at {self.site}: the result came too late")
+            return refused(message, f"{self.site} does not aggregate round {current_round + 1}")
         if not entry.claim(site):
-            return refused(message, f"{site} already sent its result for round {current_round}")
+            return refused(message, f"{site} already sent its result for round {current_round + 1}")
         if not message.header.get("ok", True):
             entry.fail(site, "the trainer's task failed")
             return Reply(header={})
@@ -409,7 +410,7 @@ class SwarmClientController(ClientSideController):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
             entry.take(site, result, self.aggregator, self.rules)
         except Exception as e:
-            log.warning("round %d: result of %s refused: %s", entry.number, site, e)
+            log.warning("round %d: result of %s refused: %s", entry.number + 1, site, e)
             entry.fail(site, f"{type(e).__name__}: {e}")
         finally:
             cleanup_lazy_refs(result)
@@ -435,8 +436,8 @@ class SwarmClientController(ClientSideController):
                 )
             self._finish_round(entry)
         except Exception as e:
-            log.exception("round %d could not be aggregated on %s", entry.number, self.site)
-            self.update_status(error=f"round {entry.number} at aggregation client {self.site}: {e}")
+            log.exception("round %d could not be aggregated on %s", entry.number + 1, self.site)
+            self.update_status(error=f"round {entry.number + 1} at aggregation client {self.site}: {e}")
         finally:
             entry.release()
             with self._rounds_lock:
@@ -459,7 +460,7 @@ class SwarmClientController(ClientSideController):
             "aggregator": self.site,
         }
         self.update_status(rounds_done=[*self.status.rounds_done, done])
-        log.info("round aggregated round=%d results=%d", entry.number, len(entry.accepted))
+        log.info("round aggregated round=%d results=%d", entry.number + 1, len(entry.accepted))
         following = entry.number + 1
         if following < self.roles.end_round:
             self._start_round(following, model)

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.executors.ccwf.client_side import owner_among
+from engine.model import shown_round
 
 #: Header keys of Swarm's peer messages: the round, and the round's aggregation client.
 ROUND_KEY, AGGR_KEY = "round", "aggr"
@@ -52,7 +53,7 @@ class SwarmRoles:
         ...     "train_clients": ["site-1", "site-2"], "aggr_clients": ["site-1", "site-2"],
         ...     "result_clients": ["site-1", "site-2"], "starting_client": "site-1"})
         >>> roles.learn_refusal("site-3", {"round": 0, "aggr": "site-1"})
-        "site-3 may not send round 0's model: it is not the starting_client (site-1)"
+        "site-3 may not send round 1's model: it is not the starting_client (site-1)"
         >>> roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
         True
     """
@@ -107,20 +108,27 @@ class SwarmRoles:
         if not isinstance(aggr, str) or aggr not in self.aggr_clients:
             aggrs = ", ".join(self.aggr_clients)
             return (
-                f"round {current_round}'s model names {aggr!r} as its aggregation client: not in aggr_clients ({aggrs})"
+                f"round {shown_round(current_round)}'s model names {aggr!r} as its aggregation client: "
+                f"not in aggr_clients ({aggrs})"
             )
         why = self._rounds_refusal(current_round)
         if why:
             return why
         if not self.trains and aggr != self.site:
-            return f"{self.site} neither trains nor aggregates round {current_round}"
+            return f"{self.site} neither trains nor aggregates round {shown_round(current_round)}"
         with self._lock:
             if self._last_round is not None and current_round <= self._last_round:
-                return f"round {current_round} is past: {self.site} already took round {self._last_round}"
+                return (
+                    f"round {shown_round(current_round)} is past: "
+                    f"{self.site} already took round {shown_round(self._last_round)}"
+                )
             if self.trains:
                 expected = self.start_round if self._last_round is None else self._last_round + 1
                 if current_round != expected:
-                    return f"round {current_round} is ahead: {self.site} trains round {expected} next"
+                    return (
+                        f"round {shown_round(current_round)} is ahead: "
+                        f"{self.site} trains round {shown_round(expected)} next"
+                    )
             why = self._sender_refusal(sender, current_round)
             if why:
                 return why
@@ -150,14 +158,18 @@ class SwarmRoles:
         if why:
             return why
         if final_round != self.end_round - 1:
-            return f"round {final_round} is not this swarm's last round ({self.end_round - 1})"
+            last = shown_round(self.end_round - 1)
+            return f"round {shown_round(final_round)} is not this swarm's last round ({last})"
         with self._lock:
             if self._final_taken:
                 return f"{self.site} already took the final model"
             if self._last_round == final_round:
                 expected, role = [self._last_aggr], f"the last round's aggregation client ({self._last_aggr})"
             elif self.trains:  # a trainer takes every round: the final model cannot come first
-                return f"{self.site} has not taken round {final_round} yet; a final model cannot come before it"
+                return (
+                    f"{self.site} has not taken round {shown_round(final_round)} yet; "
+                    "a final model cannot come before it"
+                )
             else:
                 expected, role = list(self.aggr_clients), f"one of aggr_clients ({', '.join(self.aggr_clients)})"
             if owner_among(sender, expected) is None:
@@ -167,7 +179,8 @@ class SwarmRoles:
 
     def _rounds_refusal(self, current_round: int) -> str | None:
         if not self.start_round <= current_round < self.end_round:
-            return f"round {current_round} is not a round of this swarm ({self.start_round} to {self.end_round - 1})"
+            first, last = shown_round(self.start_round), shown_round(self.end_round - 1)
+            return f"round {shown_round(current_round)} is not a round of this swarm ({first} to {last})"
         return None
 
     def _sender_refusal(self, sender: str, current_round: int) -> str | None:
@@ -175,11 +188,12 @@ class SwarmRoles:
         if current_round == self.start_round:
             expected, role = [self.starting_client], f"the starting_client ({self.starting_client})"
         elif self._last_round == current_round - 1:
-            expected, role = [self._last_aggr], f"round {self._last_round}'s aggregation client ({self._last_aggr})"
+            role = f"round {shown_round(self._last_round)}'s aggregation client ({self._last_aggr})"
+            expected = [self._last_aggr]
         else:
             expected, role = list(self.aggr_clients), f"one of aggr_clients ({', '.join(self.aggr_clients)})"
         if owner_among(sender, expected) is None:
-            return f"{sender} may not send round {current_round}'s model: it is not {role}"
+            return f"{sender} may not send round {shown_round(current_round)}'s model: it is not {role}"
         return None
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.controller import Controller, Task, TaskCompletionStatus
 from engine.errors import WorkflowError
-from engine.model import ReturnCode, Shareable
+from engine.model import ReturnCode, Shareable, shown_round
 from engine.model.ccwf import CONFIG_KEY, CONFIG_TASK, START_TASK
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ class ServerSideController(Controller):
                 )
             if now - last_progress > self.progress_timeout:
                 where = ", ".join(
-                    f"{site}: round {entry.status.round} {entry.status.phase}"
+                    f"{site}: round {shown_round(entry.status.round)} {entry.status.phase}"
                     for site, entry in sorted(reports.items())
                 )
                 raise WorkflowError(

@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.config import job_code_on_path
 from engine.deploy.poc.prepare import free_port_block
+from engine.examples.digits import Net, load_split
 from engine.provision import load_project, provision
 from tests.integration.runtime.jobkit import expected_delta, make_bench_job
 
@@ -245,14 +245,10 @@ def test_jobs_fedavg_trains_the_digits_model_to_90_percent_in_production_mode(
     assert record["status"] == "FINISHED_COMPLETED", record
     assert deployment.admin("alice", "download", job_id, "-o", str(tmp_path / "results")).returncode == 0
     weights = load_file(tmp_path / "results" / job_id / "server" / "models" / "global.safetensors")
-    with job_code_on_path(ROOT / "jobs" / "fedavg" / "app" / "custom"):
-        from digits import load_split
-        from net import Net
-
-        _, (val_x, val_y) = load_split(0, 2)
-        net = Net(hidden=64)
-        net.load_state_dict(weights)
-        accuracy = (net(val_x).argmax(dim=1) == val_y).float().mean().item()
+    _, (val_x, val_y) = load_split(0, 2)
+    net = Net(hidden=64)
+    net.load_state_dict(weights)
+    accuracy = (net(val_x).argmax(dim=1) == val_y).float().mean().item()
     assert accuracy >= 0.90
     metrics = [json.loads(line) for line in (tmp_path / "results" / job_id / "site-1" / "metrics.jsonl").open()]
     assert metrics, "site-1 handed in its metrics"

@@ -65,7 +65,7 @@ def test_lying_metrics_are_dropped_and_never_reach_the_console(tmp_path: Path) -
         assert all(0 <= value <= 1 for value in entry["metrics"].values())
     assert "\x1b" not in output
     server_log = (tmp_path / "ws" / "server" / "log.txt").read_text(encoding="utf-8")
-    assert "metric refused: contributor=site-3 round=0 metric='global_accuracy'" in server_log
+    assert "metric refused: contributor=site-3 round=1 metric='global_accuracy'" in server_log
     assert "\x1b" not in server_log
 
 

@@ -50,7 +50,7 @@ def test_a_client_killed_mid_round_is_client_dead(simulate, tmp_path: Path) -> N
     assert result.state is JobState.FINISHED_EXECUTION_EXCEPTION, output
     summary = read_json(tmp_path / "workspace" / "summary.json")
     assert "site-2: CLIENT_DEAD" in summary["reason"]
-    assert [r["round"] for r in summary["rounds"]] == [0]
+    assert [r["round"] for r in summary["rounds"]] == [1]
     assert "site-2: stopped answering (CLIENT_DEAD)" in output
 
 

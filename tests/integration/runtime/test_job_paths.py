@@ -75,7 +75,8 @@ def test_a_source_checkpoint_outside_the_job_fails_the_run_at_start(simulate, tm
     assert "config_fed_server.conf:" in reason, reason
     assert f": components[0].args.source_ckpt_file_full_name: {source!r} leads to " in reason, reason
     assert "outside the job folder, the site's workspace and the folders the site allows" in reason
-    assert not (tmp_path / "workspace" / "site-1").exists()  # refused before any client started
+    # The clients start with the server, but one that fails at start gives them no endpoint to connect to.
+    assert "registered with server" not in (tmp_path / "workspace" / "site-1" / "log.txt").read_text()
 
 
 def test_a_source_checkpoint_inside_the_job_folder_is_where_the_run_starts(simulate, tmp_path: Path) -> None:

@@ -116,9 +116,13 @@ def test_a_result_submitted_twice_is_counted_once(tmp_path: Path, keys: dict[str
         endpoint = wait_endpoint(server)
         clients = [HandDrivenClient(site, endpoint, keys[site]) for site in SITES]
         # the right site, but a process of another job (a late one on a reused port): refused
-        stale = clients[0].cell.request_async(
-            "server", protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, {protocol.HEADER_JOB_ID: "another-job"}
-        ).result(10.0)
+        stale = (
+            clients[0]
+            .cell.request_async(
+                "server", protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, {protocol.HEADER_JOB_ID: "another-job"}
+            )
+            .result(10.0)
+        )
         for client in clients:  # the first workflow starts once every client asked for work
             assert client.ask().header["state"] == protocol.STATE_WAIT
         tasks = [client.next_task() for client in clients]

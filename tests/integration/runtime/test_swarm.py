@@ -57,8 +57,8 @@ def test_the_swarm_model_is_fedavgs_on_and_off_and_no_file_is_left(simulate, tmp
         assert_moved_by(final_model(workspace, site), initial, 2 * expected_delta(3))
     summary = read_json(workspace / "summary.json")
     assert [(r["round"], r["aggregator"], r["clients"]) for r in summary["rounds"]] == [
-        (0, "site-1", SITES),
-        (1, "site-2", SITES),
+        (1, "site-1", SITES),  # rounds counted from 1, as the console shows them
+        (2, "site-2", SITES),
     ]
     assert downloads_left(workspace) == []
     if on:
@@ -155,7 +155,7 @@ def test_progress_timeout_ends_a_stalled_swarm(simulate, tmp_path: Path) -> None
 
     assert result.state is JobState.FINISHED_EXECUTION_EXCEPTION, output
     reason = read_json(tmp_path / "workspace" / "summary.json")["reason"]
-    assert "(progress_timeout=3 s)" in reason and "site-2: round 0 training" in reason, reason
+    assert "(progress_timeout=3 s)" in reason and "site-2: round 1 training" in reason, reason
 
 
 def test_jobs_swarm_trains_the_digits_model_and_prints_the_matrix(simulate, tmp_path: Path) -> None:
@@ -164,7 +164,7 @@ def test_jobs_swarm_trains_the_digits_model_and_prints_the_matrix(simulate, tmp_
     assert result.state is JobState.FINISHED_COMPLETED, output
     workspace = tmp_path / "workspace"
     summary = read_json(workspace / "summary.json")
-    assert [r["round"] for r in summary["rounds"]] == [0, 1, 2]
+    assert [r["round"] for r in summary["rounds"]] == [1, 2, 3]
     assert [r["aggregator"] for r in summary["rounds"]] == SITES  # aggregation moves from client to client
     assert "[round 3/3] done" in output and "cross-site evaluation (accuracy;" in output
     finals = [final_model(workspace, site) for site in SITES]

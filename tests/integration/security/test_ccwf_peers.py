@@ -228,10 +228,10 @@ def test_a_site_outside_the_swarm_is_refused_every_message_and_the_swarm_finishe
         late_final = send(outsider, "site-1", "final", {"round": ROUNDS - 1})
 
     for target in SWARM:
-        assert_refused(learn[target], "site-3 may not send round 0's model: it is not the starting_client (site-1)")
+        assert_refused(learn[target], "site-3 may not send round 1's model: it is not the starting_client (site-1)")
     assert_refused(result, "site-3 is not one of train_clients (site-1, site-2)")
-    assert_refused(final["site-1"], "site-1 has not taken round 1 yet")
-    assert_refused(final["site-2"], "site-2 has not taken round 1 yet")
+    assert_refused(final["site-1"], "site-1 has not taken round 2 yet")
+    assert_refused(final["site-2"], "site-2 has not taken round 2 yet")
     assert_refused(late_final, "site-1 already took the final model")
     assert "peer message refused: from=site-3 topic=swarm_learn reason=site-3 may not send" in caplog.text
 
@@ -262,16 +262,16 @@ def test_a_swarm_site_cannot_send_rounds_out_of_turn_nor_a_second_result(network
     for site in sites.values():
         site.wait_status("the final model is saved", lambda status: status.phase == "done" or bool(status.error))
 
-    assert_refused(early["round 1's model first"], "round 1 is ahead: site-1 trains round 0 next")
-    assert_refused(early["round 0's model"], "site-2.liar may not send round 0's model")
-    assert_refused(early["a round past the last"], f"round {ROUNDS} is not a round of this swarm")
+    assert_refused(early["round 1's model first"], "round 2 is ahead: site-1 trains round 1 next")
+    assert_refused(early["round 0's model"], "site-2.liar may not send round 1's model")
+    assert_refused(early["a round past the last"], f"round {ROUNDS + 1} is not a round of this swarm")
     assert_refused(early["a round as text"], "the message names no round number (round='0')")
-    assert_refused(early["a result for round 0"], "site-1 does not aggregate round 0")
-    assert_refused(early["a result far ahead"], "round 1000000 is not a round of this swarm (0 to 1)")
-    assert_refused(during["a second result"], "site-2 already sent its result for round 0")
-    assert_refused(during["a failed second result"], "site-2 already sent its result for round 0")
+    assert_refused(early["a result for round 0"], "site-1 does not aggregate round 1")
+    assert_refused(early["a result far ahead"], "round 1000001 is not a round of this swarm (1 to 2)")
+    assert_refused(during["a second result"], "site-2 already sent its result for round 1")
+    assert_refused(during["a failed second result"], "site-2 already sent its result for round 1")
     assert_refused(during["an outsider's result"], "site-3 is not one of train_clients")
-    assert_refused(during["a past round"], "round -1 is not a round of this swarm")
+    assert_refused(during["a past round"], "round 0 is not a round of this swarm")
     for site in sites.values():
         assert site.errors() == []
         assert torch.allclose(site.persistor.saved[-1].params["w"], FINAL, rtol=0, atol=1e-12), site.name

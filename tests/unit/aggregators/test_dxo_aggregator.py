@@ -43,12 +43,12 @@ def wrong_shape() -> Shareable:
 @pytest.mark.parametrize(
     ("make", "accepted", "logged"),
     [
-        (result, True, "result accepted: contributor=site-2 round=0"),
+        (result, True, "result accepted: contributor=site-2 round=1"),
         (lambda: result(round_header=None), True, "result accepted"),
         (failed, False, "reason=return code is EXECUTION_EXCEPTION"),
         (lambda: make_reply(ReturnCode.TASK_ABORTED), False, "reason=return code is TASK_ABORTED"),
         (lambda: result(kind=DataKind.WEIGHTS), False, "reason=data kind is WEIGHTS, expected WEIGHT_DIFF"),
-        (lambda: result(round_header=1), False, "reason=it is a result of round 1"),
+        (lambda: result(round_header=1), False, "reason=it is a result of round 2"),
         (Shareable, False, "reason=the shareable carries no DXO"),
         (lambda: result(steps=-3), False, "meta NUM_STEPS_CURRENT_ROUND must be a finite number > 0, got -3"),
         (lambda: result(steps=0), False, "meta NUM_STEPS_CURRENT_ROUND must be a finite number > 0, got 0"),
@@ -89,7 +89,7 @@ def test_a_second_result_of_a_contributor_is_refused(caplog: pytest.LogCaptureFi
     accepted = aggregator.accept(result(5.0), "site-1", 0)
 
     assert accepted is False
-    assert "contributor=site-1 round=0 reason=a result of this contributor was already accepted" in caplog.text
+    assert "contributor=site-1 round=1 reason=a result of this contributor was already accepted" in caplog.text
     assert DXO.from_shareable(aggregator.aggregate(0)).data["w"].tolist() == [1.0, 1.0]
 
 
@@ -256,7 +256,7 @@ def test_max_local_steps_bounds_what_a_result_may_claim(caplog: pytest.LogCaptur
 
     assert aggregator.accept(result(1000.0, steps=101), "site-2", 0) is False
 
-    assert "contributor=site-2 round=0 reason=result of site-2: meta NUM_STEPS_CURRENT_ROUND = 101" in caplog.text
+    assert "contributor=site-2 round=1 reason=result of site-2: meta NUM_STEPS_CURRENT_ROUND = 101" in caplog.text
     assert DXO.from_shareable(aggregator.aggregate(0)).data["w"].tolist() == [1.0, 1.0]
 
 

@@ -73,7 +73,7 @@ def test_krums_selection_rides_in_the_dxo_meta() -> None:
         (failed, "reason=return code is EXECUTION_EXCEPTION"),
         (lambda: make_reply(ReturnCode.TASK_ABORTED), "reason=return code is TASK_ABORTED"),
         (lambda: shareable(kind=DataKind.WEIGHTS), "reason=data kind is WEIGHTS, expected WEIGHT_DIFF"),
-        (lambda: shareable(round_header=1), "reason=it is a result of round 1"),
+        (lambda: shareable(round_header=1), "reason=it is a result of round 2"),
         (Shareable, "reason=the shareable carries no DXO"),
         (
             lambda: shareable(size=3),

@@ -24,7 +24,7 @@ workflows = [
   { id = fedavg, path = engine.workflows.FedAvg, args { num_clients = 2, num_rouns = 3, persistor_id = persistor } }
 ]
 components = [
-  { id = persistor, path = engine.persistors.PTFileModelPersistor, args { model { path = net.Net, args { hidden = 64 } } } }
+  { id = persistor, path = engine.persistors.PTFileModelPersistor, args { model { path = engine.examples.digits.Net, args { hidden = 64 } } } }
 ]
 """
 

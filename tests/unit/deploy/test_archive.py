@@ -79,18 +79,18 @@ def test_unpacked_files_are_private(tmp_path: Path) -> None:
 def test_pack_leaves_out_bytecode(tmp_path: Path) -> None:
     job = shutil.copytree(FEDAVG, tmp_path / "job")
     (job / "app" / "custom" / "__pycache__").mkdir(exist_ok=True)
-    (job / "app" / "custom" / "__pycache__" / "net.cpython-311.pyc").write_bytes(b"\0")
+    (job / "app" / "custom" / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
     (job / "app" / "custom" / "stale.pyc").write_bytes(b"\0")
 
     names = zipfile.ZipFile(pack_job(job, tmp_path / "job.zip")).namelist()
 
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
-    assert "app/custom/net.py" in names
+    assert "app/custom/train.py" in names
 
 
 def link_to_a_file(job: Path) -> Path:
     link = job / "app" / "custom" / "link.py"
-    link.symlink_to(job / "app" / "custom" / "net.py")
+    link.symlink_to(job / "app" / "custom" / "train.py")
     return link
 
 
@@ -113,7 +113,7 @@ def backslash_name(job: Path) -> Path:
 
 
 def names_equal_but_for_case(job: Path) -> Path:
-    path = job / "app" / "custom" / "NET.py"
+    path = job / "app" / "custom" / "TRAIN.py"
     path.write_text("x = 1\n", encoding="utf-8")
     return path
 
@@ -144,7 +144,7 @@ def test_pack_refuses_what_could_not_travel_naming_the_path(
 
 @pytest.mark.parametrize(
     ("limits", "rule"),
-    [({"max_files": 5}, "holds 11 files and folders, over the limit of 5"), ({"max_bytes": 1000}, "over the limit")],
+    [({"max_files": 5}, "holds 7 files and folders, over the limit of 5"), ({"max_bytes": 1000}, "over the limit")],
     ids=["too-many-files", "too-many-bytes"],
 )
 def test_pack_refuses_a_folder_over_a_limit(tmp_path: Path, limits: dict[str, int], rule: str) -> None:

@@ -51,7 +51,7 @@ def test_a_submitted_job_is_recorded_and_its_files_are_in_place(store: JobStore,
     folder = store.root / record.job_id
     assert sorted(p.name for p in folder.iterdir()) == ["job", "job.zip", "meta.json", "workspace"]
     assert store.archive(record.job_id).read_bytes() == fedavg_zip.read_bytes()
-    assert (store.job_folder(record.job_id) / "app" / "custom" / "net.py").is_file()
+    assert (store.job_folder(record.job_id) / "app" / "custom" / "train.py").is_file()
     assert store.workspace(record.job_id).is_dir()
     assert stat.S_IMODE((folder / "meta.json").stat().st_mode) == 0o600
     assert store.get(record.job_id) == record

@@ -30,17 +30,17 @@ def roles(site: str = "site-2", **changes) -> SwarmRoles:
         (
             "site-3",
             {"round": 0, "aggr": "site-1"},
-            "site-3 may not send round 0's model: it is not the starting_client",
+            "site-3 may not send round 1's model: it is not the starting_client",
         ),
-        ("site-2.x", {"round": 0, "aggr": "site-1"}, "site-2.x may not send round 0's model"),
+        ("site-2.x", {"round": 0, "aggr": "site-1"}, "site-2.x may not send round 1's model"),
         (
             "site-1",
             {"round": 0, "aggr": "site-3"},
             "names 'site-3' as its aggregation client: not in aggr_clients (site-1, site-2)",
         ),
-        ("site-1", {"round": 1, "aggr": "site-1"}, "round 1 is ahead: site-2 trains round 0 next"),
-        ("site-1", {"round": 3, "aggr": "site-1"}, "round 3 is not a round of this swarm (0 to 2)"),
-        ("site-1", {"round": -1, "aggr": "site-1"}, "round -1 is not a round of this swarm"),
+        ("site-1", {"round": 1, "aggr": "site-1"}, "round 2 is ahead: site-2 trains round 1 next"),
+        ("site-1", {"round": 3, "aggr": "site-1"}, "round 4 is not a round of this swarm (1 to 3)"),
+        ("site-1", {"round": -1, "aggr": "site-1"}, "round 0 is not a round of this swarm"),
         ("site-1", {"round": "0", "aggr": "site-1"}, "names no round number (round='0')"),
         ("site-1", {"round": True, "aggr": "site-1"}, "names no round number"),
         ("site-1", {"aggr": "site-1"}, "names no round number (round=None)"),
@@ -65,21 +65,21 @@ def test_later_rounds_come_in_order_from_the_previous_rounds_aggregation_client(
     site_2 = roles()
 
     assert site_2.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
-    assert "round 0 is past: site-2 already took round 0" in site_2.learn_refusal(
+    assert "round 1 is past: site-2 already took round 1" in site_2.learn_refusal(
         "site-1", {"round": 0, "aggr": "site-1"}
     )
     refusal = site_2.learn_refusal("site-2.other", {"round": 1, "aggr": "site-2"})
-    assert "may not send round 1's model: it is not round 0's aggregation client (site-1)" in refusal
-    assert "round 2 is ahead" in site_2.learn_refusal("site-1", {"round": 2, "aggr": "site-1"})
+    assert "may not send round 2's model: it is not round 1's aggregation client (site-1)" in refusal
+    assert "round 3 is ahead" in site_2.learn_refusal("site-1", {"round": 2, "aggr": "site-1"})
     assert site_2.learn_refusal("site-1", {"round": 1, "aggr": "site-2"}) is None
     site_2.record_learn(2, "site-2")  # it started round 2 itself
-    assert "round 2 is past" in site_2.learn_refusal("site-1", {"round": 2, "aggr": "site-1"})
+    assert "round 3 is past" in site_2.learn_refusal("site-1", {"round": 2, "aggr": "site-1"})
 
 
 def test_a_client_that_only_aggregates_takes_only_its_own_rounds_from_an_aggregation_client() -> None:
     site_3 = roles("site-3", aggr_clients=["site-1", "site-3"])
 
-    assert "site-3 neither trains nor aggregates round 1" in site_3.learn_refusal(
+    assert "site-3 neither trains nor aggregates round 2" in site_3.learn_refusal(
         "site-1", {"round": 1, "aggr": "site-1"}
     )
     assert "it is not one of aggr_clients" in site_3.learn_refusal("site-2", {"round": 1, "aggr": "site-3"})
@@ -93,7 +93,7 @@ def test_a_client_that_only_aggregates_takes_only_its_own_rounds_from_an_aggrega
         ("server", {"round": 0}, "server is not one of train_clients"),
         ("site-1", {"round": 0.5}, "names no round number"),
         ("site-1", {"round": 0}, None),
-        ("site-1", {"round": 3}, "round 3 is not a round of this swarm (0 to 2)"),
+        ("site-1", {"round": 3}, "round 4 is not a round of this swarm (1 to 3)"),
         ("site-1.job", {"round": 2}, None),  # a train client's cell; whether it is the round's, the gathering says
     ],
     ids=["outsider", "server", "fractional-round", "trainer", "past-the-last-round", "trainer-child-cell"],
@@ -117,7 +117,7 @@ def test_the_final_model_comes_once_for_the_last_round_from_its_aggregation_clie
                 is None
             )
 
-    assert "round 1 is not this swarm's last round (2)" in site_2.final_refusal("site-1", {"round": 1})
+    assert "round 2 is not this swarm's last round (3)" in site_2.final_refusal("site-1", {"round": 1})
     assert "site-2.x may not send the final model: it is not the last round's aggregation client (site-1)" in (
         site_2.final_refusal("site-2.x", {"round": 2})
     )
@@ -126,7 +126,7 @@ def test_the_final_model_comes_once_for_the_last_round_from_its_aggregation_clie
 
 
 def test_a_trainer_takes_no_final_model_before_the_last_round_and_others_none_at_all() -> None:
-    assert "has not taken round 2 yet" in roles().final_refusal("site-1", {"round": 2})
+    assert "has not taken round 3 yet" in roles().final_refusal("site-1", {"round": 2})
     assert "site-2 is not one of result_clients" in roles(result_clients=["site-1"]).final_refusal(
         "site-1", {"round": 2}
     )

@@ -278,8 +278,8 @@ def printer(out: io.StringIO) -> ProgressPrinter:
         ),
         pytest.param({"event": "workflow_started", "workflow": "FedAvg"}, "workflow FedAvg started", id="workflow"),
         pytest.param(
-            {"event": "round_started", "round": 0, "total_rounds": 3, "clients": ["site-1", "site-2"]},
-            "[round 1/3] sending the model to site-1, site-2",
+            {"event": "round_started", "round": 1, "total_rounds": 3, "clients": ["site-1", "site-2"]},
+            "[round 1/3] sending the model to site-1, site-2",  # the server's rounds count from 1
             id="round_started",
         ),
         pytest.param(
@@ -353,7 +353,7 @@ def test_other_events_print_nothing(printer: ProgressPrinter, out: io.StringIO, 
 
 
 def test_lines_after_a_round_start_carry_its_number(printer: ProgressPrinter, out: io.StringIO) -> None:
-    printer.show({"event": "round_started", "round": 1, "total_rounds": 5, "clients": ["site-1"]})
+    printer.show({"event": "round_started", "round": 2, "total_rounds": 5, "clients": ["site-1"]})
 
     printer.show({"event": "task_sent", "site": "site-1", "task": "train"})
 
@@ -366,7 +366,7 @@ def test_noted_is_true_from_the_second_time(printer: ProgressPrinter) -> None:
 
 def test_summary_table_lists_rounds_and_processes() -> None:
     summary = {
-        "rounds": [{"round": 0, "time_s": 1.5, "metrics": {"accuracy": 0.5, "n": 3}}, {"round": None}],
+        "rounds": [{"round": 1, "time_s": 1.5, "metrics": {"accuracy": 0.5, "n": 3}}, {"round": None}],
         "processes": {
             "server": {"peak_rss_mb": 120.5, "exit_code": 0},
             "site-1": {"peak_rss_mb": None, "exit_code": 1},
@@ -517,8 +517,8 @@ def test_swarm_rounds_show_their_own_number_and_workflow_lines_their_name(out: i
 
     printer.show({"event": "workflow_started", "workflow": "swarm"})
     printer.show({"event": "task_sent", "site": "site-1", "task": "swarm_config"})
-    printer.show({"event": "round_started", "round": 1, "total_rounds": 3, "clients": []})
-    printer.show({"event": "round_done", "round": 0, "time_s": 1.0, "clients": ["site-1"]})
+    printer.show({"event": "round_started", "round": 2, "total_rounds": 3, "clients": []})
+    printer.show({"event": "round_done", "round": 1, "time_s": 1.0, "clients": ["site-1"]})
 
     assert out.getvalue().splitlines() == [
         "workflow swarm started",
@@ -533,11 +533,11 @@ def test_outside_a_terminal_a_round_is_one_line() -> None:
     printer = ProgressPrinter(out, ["site-1", "site-2"])
     for event in (
         {"event": "workflow_started", "workflow": "fedavg"},
-        {"event": "round_started", "round": 0, "total_rounds": 2, "clients": ["site-1", "site-2"]},
+        {"event": "round_started", "round": 1, "total_rounds": 2, "clients": ["site-1", "site-2"]},
         {"event": "task_sent", "site": "site-1", "task": "train"},
         {"event": "result_received", "site": "site-1", "bytes": 2**20, "seconds": 0.5},
-        {"event": "round_done", "round": 0, "time_s": 1.0, "clients": ["site-1"], "refused": {"site-2": "NaN"}},
-        {"event": "round_started", "round": 1, "total_rounds": 2, "clients": ["site-1", "site-2"]},
+        {"event": "round_done", "round": 1, "time_s": 1.0, "clients": ["site-1"], "refused": {"site-2": "NaN"}},
+        {"event": "round_started", "round": 2, "total_rounds": 2, "clients": ["site-1", "site-2"]},
         {"event": "client_dead", "site": "site-2"},
     ):
         printer.show(event)

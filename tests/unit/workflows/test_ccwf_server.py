@@ -156,7 +156,7 @@ def test_no_progress_for_progress_timeout_ends_the_swarm(start) -> None:
         time.sleep(0.1)
 
     [error] = finish(thread)
-    assert "(progress_timeout=1 s)" in str(error) and "site-2: round 0 training" in str(error)
+    assert "(progress_timeout=1 s)" in str(error) and "site-2: round 1 training" in str(error)
 
 
 def test_a_dead_client_is_left_behind_while_min_clients_are_left(start) -> None:

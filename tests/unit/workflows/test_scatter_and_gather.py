@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from engine.aggregators import DXOAggregator, ModelAggregatorAsDXO, NormClippingAggregator
@@ -115,3 +116,43 @@ def test_clipping_through_the_dxo_adapter_clips_full_results_from_the_first_roun
     expected = 1.0 + (1.0 / 15**0.5) / 3
     assert torch.allclose(persistor.load_model().params["fc.weight"], torch.full((3, 4), expected), atol=1e-6)
     queue.end_run()
+
+
+def _error_result(current_round: int):
+    shareable = DXO(DataKind.WEIGHTS, {}, {}).to_shareable()
+    shareable.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
+    shareable.set_return_code(ReturnCode.EXECUTION_EXCEPTION)
+    return shareable
+
+
+@pytest.mark.parametrize("ignore", [False, True], ids=["error-ends-the-job", "error-ignored"])
+def test_a_clients_error_ends_the_job_unless_ignored(tmp_path: Path, ignore: bool) -> None:
+    queue = TaskQueue(CLIENTS)
+    persistor = PTFileModelPersistor(model=Net())
+    persistor.use_workspace(tmp_path)
+    components = {
+        "persistor": persistor,
+        "aggregator": DXOAggregator(expected_data_kind="WEIGHTS"),
+        "shareable_generator": FullModelShareableGenerator(),
+    }
+    workflow = ScatterAndGather(
+        min_clients=2, num_rounds=1, wait_time_after_min_received=30, ignore_result_error=ignore
+    )
+    workflow.bind(queue, context=JobContext(workspace=tmp_path, components=components))
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _capture(workflow.run, errors), daemon=True)
+    thread.start()
+
+    tasks = {client: _next_task(queue, client) for client in CLIENTS}
+    queue.submit("site-1", tasks["site-1"].task_id, _error_result(0))
+    for client in ("site-2", "site-3"):
+        queue.submit(client, tasks[client].task_id, _result(DataKind.WEIGHTS, 3.0, 0))
+    thread.join(10)
+    queue.end_run()
+
+    if ignore:  # two usable results of the three: the round counts them
+        assert errors == []
+        assert torch.equal(persistor.load_model().params["fc.weight"], torch.full((3, 4), 3.0))
+    else:  # the task was cancelled at the error: the job ends with it
+        assert len(errors) == 1 and "a client's result is an error" in str(errors[0])
+        assert "EXECUTION_EXCEPTION" in str(errors[0])

@@ -1,0 +1,99 @@
+"""What a run leaves in ``<workspace>/summary.json``, gathered from the files its processes wrote.
+
+The server writes its outcome to ``server/result.json`` (state, reason, rounds, warnings), each
+process its figures to ``<site>/process.json`` (peak RSS), each client its events to
+``<site>/events.jsonl`` (``client_ready``: when it had built its executors), and a cross-site
+evaluation workflow its matrix to ``server/cross_site_val.json``. The simulator adds what it saw
+itself: states, warnings, exit codes and the time of each stage (`engine.runtime.timings`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from engine.runtime.process import EVENTS_FILE, PROCESS_FILE, RESULT_FILE
+from engine.runtime.progress import refused_counts
+from engine.runtime.states import JobState
+
+log = logging.getLogger(__name__)
+
+SUMMARY_FILE = "summary.json"
+#: The cross-site evaluation matrix a workflow may leave in the server's folder.
+CROSS_SITE_FILE = "cross_site_val.json"
+
+
+def server_result(workspace: Path) -> tuple[JobState | None, str]:
+    """The server's final state and reason from its ``result.json``; (None, "") when there is none."""
+    try:
+        record = json.loads((workspace / "server" / RESULT_FILE).read_text(encoding="utf-8"))
+        return JobState(record["state"]), str(record.get("reason", ""))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, ""
+
+
+def client_ready_times(workspace: Path, clients: list[str]) -> dict[str, float]:
+    """When each client had built its executors: the ``at`` of its first ``client_ready`` event."""
+    times = {}
+    for site in clients:
+        try:
+            with (workspace / site / EVENTS_FILE).open("rb") as stream:
+                for raw in stream:
+                    event = json.loads(raw)
+                    if isinstance(event, dict) and event.get("event") == "client_ready":
+                        times[site] = float(event["at"])
+                        break
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return times
+
+
+def write_summary(workspace: Path, fields: dict[str, Any], exit_codes: dict[str, int | None]) -> dict[str, Any]:
+    """Write ``summary.json``: ``fields`` (the simulator's), then the rounds, processes and matrix the files hold.
+
+    Args:
+        workspace: The run's workspace.
+        fields: What the simulator knows (job, status, states, ``warnings``, ``timings`` ...), in
+            the order they are written; the server's warnings are appended to ``warnings``.
+        exit_codes: Each process's exit code (None: it did not exit).
+
+    Returns:
+        The summary as written.
+    """
+    rounds: list[dict[str, Any]] = []
+    server_warnings: list[str] = []
+    try:
+        record = json.loads((workspace / "server" / RESULT_FILE).read_text(encoding="utf-8"))
+        rounds = record.get("rounds", [])
+        server_warnings = [str(line) for line in record.get("warnings") or []]
+    except (OSError, ValueError, AttributeError):
+        pass
+    processes = {}
+    for site, code in exit_codes.items():
+        entry: dict[str, Any] = {"exit_code": code}
+        try:
+            figures = json.loads((workspace / site / PROCESS_FILE).read_text(encoding="utf-8"))
+            entry["peak_rss_mb"] = round(figures["peak_rss_bytes"] / 2**20, 1)
+        except (OSError, ValueError, KeyError, TypeError):
+            entry["peak_rss_mb"] = None
+        processes[site] = entry
+    timings = fields.pop("timings", None)
+    summary = {
+        **fields,
+        "rounds": rounds,
+        "refused": refused_counts(rounds),
+        "warnings": [*fields.get("warnings", []), *server_warnings],
+        "processes": processes,
+    }
+    if timings is not None:
+        summary["timings"] = timings
+    matrix_file = workspace / "server" / CROSS_SITE_FILE
+    if matrix_file.is_file():
+        try:
+            summary["cross_site_val"] = json.loads(matrix_file.read_text(encoding="utf-8"))
+        except ValueError:
+            log.warning("unreadable cross-site evaluation file: %s", matrix_file)
+    (workspace / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    return summary

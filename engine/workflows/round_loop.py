@@ -1,0 +1,417 @@
+"""`RoundLoop`: the round loop of every server-side algorithm, driven by a few hooks.
+
+Each round: pick the clients, report ``round_started``, send them the task, check each result
+and fold it into the aggregator as it arrives (InTime: nothing is kept), then make the new
+global model from the aggregate, report ``round_done``; stop on abort, fail when too few results
+are usable. The algorithms (`FedAvg`, `ScatterAndGather`, `FedOpt`) are short modules that fill in
+the hooks, as a Flower ``Strategy`` fills in ``configure_fit`` / ``aggregate_fit``:
+
+- `make_aggregator`: the `ModelAggregator` that combines the round's results (the one interface
+  the loop speaks: `FLModel` in, `FLModel` out; the DXO aggregators of ScatterAndGather come in
+  through `engine.aggregators.DXOAggregatorAsModel`).
+- `task_data`: what is sent along, as a `Shareable`.
+- `check_result`: what a result must pass before it reaches the aggregator.
+- `update_global`: the new global model from the old one and the aggregate.
+- `round_clients` and `results_needed`: who is asked, and how many usable results a round needs.
+
+Memory: the model a round starts from is checkpointed in a thread of its own while the clients
+download it, and the first result waits for that save; a `task_data` that hands the params over
+to the task (FedAvg's) leaves the loop holding no global weights while the clients train.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from engine.aggregators import ModelAggregator, ResultRules
+from engine.aggregators.folding import FoldingModelAggregator, ResultFold
+from engine.controller.context import DiskDownloadArea
+from engine.model import (
+    FLModel,
+    ParamsType,
+    ReservedHeaderKey,
+    ReturnCode,
+    Shareable,
+    model_from_shareable,
+    shareable_from_model,
+)
+from engine.paths import JobPaths
+from engine.workflows.downloads import check_download_dir, disk_figures, receiving_to_disk
+from engine.workflows.model_controller import ModelController
+
+log = logging.getLogger(__name__)
+
+
+class RoundLoop(ModelController):
+    """Base of round-based server algorithms: `run` is the loop, subclasses implement the hooks.
+
+    Subclasses set the loop's settings with `configure_loop` in their ``__init__`` (after
+    ``super().__init__(persistor_id)``) and implement `make_aggregator`; the other hooks have
+    FedAvg's behaviour by default.
+
+    Example:
+        The plainest algorithm: the clients' weighted mean (FULL results) is the new model::
+
+            class MeanIsTheModel(RoundLoop):
+                def __init__(self, num_rounds: int = 5, min_clients: int | None = None) -> None:
+                    super().__init__("persistor")
+                    self.configure_loop(num_rounds=num_rounds, min_clients=min_clients)
+
+                def make_aggregator(self) -> ModelAggregator:
+                    return WeightedModelAggregator()
+
+                def update_global(self, model, update, current_round, reference) -> FLModel:
+                    return FLModel(params=update.params, metrics=update.metrics)
+
+        To change one step of an existing algorithm, subclass it instead (`FedOpt` is `FedAvg`
+        with its own `update_global`).
+    """
+
+    num_rounds: int = 1
+    start_round: int = 0
+    min_clients: int | None = None
+    wait_time_after_min_received: float = 0.0
+    train_timeout: float = 0.0
+    task_name: str = "train"
+    ignore_result_error: bool = True
+    download_to_disk: bool = False
+    download_to_disk_dir: str | None = None
+    sample_seed: int | None = None
+    rules: ResultRules = ResultRules()
+
+    def configure_loop(
+        self,
+        *,
+        num_rounds: int,
+        start_round: int = 0,
+        min_clients: int | None = None,
+        wait_time_after_min_received: float = 0.0,
+        train_timeout: float = 0.0,
+        task_name: str = "train",
+        ignore_result_error: bool = True,
+        download_to_disk: bool = False,
+        download_to_disk_dir: str | None = None,
+        rules: ResultRules | None = None,
+    ) -> None:
+        """Set the loop's settings (the algorithm's constructor has checked its args).
+
+        Args:
+            num_rounds: Rounds to run.
+            start_round: The first round's number (0-based).
+            min_clients: Usable results a round needs (see `results_needed`).
+            wait_time_after_min_received: Seconds to wait for more results once enough are in.
+            train_timeout: Seconds a round's task may take (0 = no limit).
+            task_name: The task's name (executors are chosen by it).
+            ignore_result_error: Go on when a client's result is an error, as long as enough
+                results are usable; otherwise the task is cancelled at the first one and the
+                round fails.
+            download_to_disk: Results download to disk first while the loop runs.
+            download_to_disk_dir: Where they go (see `receiving_to_disk`).
+            rules: The checks of every result (non-finite values, metric ranges).
+        """
+        self.num_rounds = num_rounds
+        self.start_round = start_round
+        self.min_clients = min_clients
+        self.wait_time_after_min_received = wait_time_after_min_received
+        self.train_timeout = train_timeout
+        self.task_name = task_name
+        self.ignore_result_error = ignore_result_error
+        self.download_to_disk = download_to_disk
+        self.download_to_disk_dir = download_to_disk_dir
+        self.rules = rules or ResultRules()
+
+    # -- hooks --------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def make_aggregator(self) -> ModelAggregator:
+        """The aggregator of the run's rounds (called once per `run`)."""
+
+    def round_clients(self, rng: random.Random) -> list[str]:
+        """The clients asked this round: all of the job's by default.
+
+        Args:
+            rng: The run's random source, seeded with ``sample_seed`` (for sampling that repeats).
+        """
+        return list(self.get_clients())
+
+    def results_needed(self, clients: list[str]) -> int:
+        """Usable results this round needs: ``min_clients``, at most the clients asked (all of them by default)."""
+        return min(self.min_clients or len(clients), len(clients))
+
+    def task_data(self, model: FLModel, current_round: int) -> Shareable:
+        """The task for ``model``: by default the model itself, its params handed over to the task.
+
+        The loop keeps no reference to what this returns, so params handed over (``model.params``
+        set to None) are freed once every client has been sent them.
+        """
+        params, model.params = model.params, None
+        return shareable_from_model_params(model, params, current_round, self.num_rounds, self.start_round)
+
+    def check_result(self, result: FLModel, client: str, current_round: int, reference: dict[str, Any]) -> None:
+        """Refuse a result by raising ValueError (the site's alone; the round goes on).
+
+        Args:
+            result: The client's result (its metrics may be filtered in place).
+            client: Who sent it.
+            current_round: The round.
+            reference: Names, shapes and dtypes of the model sent (meta tensors, no memory).
+        """
+        self.rules.check_values(result.params or {}, client)
+        result.metrics = self.rules.accepted_metrics(result.metrics, client, current_round) or None
+
+    @abstractmethod
+    def update_global(self, model: FLModel, update: FLModel, current_round: int, reference: dict[str, Any]) -> FLModel:
+        """The new global model from the round's ``model`` (params None if handed to the task) and the aggregate."""
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def use_job_paths(self, paths: JobPaths) -> None:
+        """At job start: refuse a ``download_to_disk_dir`` outside the site's folders (see `check_download_dir`)."""
+        check_download_dir(paths, self.download_to_disk, self.download_to_disk_dir)
+
+    def run(self) -> None:
+        """Run the rounds (downloading results to disk while it does, with ``download_to_disk``)."""
+        with receiving_to_disk(self.context, self.download_to_disk, self.download_to_disk_dir) as area:
+            self._run_rounds(area)
+
+    def _run_rounds(self, area: DiskDownloadArea | None) -> None:
+        aggregator = self.make_aggregator()
+        rng = random.Random(self.sample_seed)
+        model = self.load_model()
+        model.total_rounds = self.num_rounds
+        for current_round in range(self.start_round, self.start_round + self.num_rounds):
+            if self.abort_signal.is_set():
+                break  # the last round's model is still saved
+            started = time.monotonic()
+            clients = self.round_clients(rng)
+            needed = self.results_needed(clients)
+            self.context.report("round_started", round=current_round, total_rounds=self.num_rounds, clients=clients)
+            aggregator.reset_stats()
+            aggregator.start_round(current_round, functools.partial(self._global_params, model))
+            accepted: list[str] = []
+
+            # The model this round starts from is checkpointed while the clients download it
+            # (from the first round on, the persistor can give the global model back). The
+            # first result waits for that save: the old weights are gone before results pile up.
+            saving = _BackgroundSave(self.save_model, model)
+            reference = layout_of(model.params or {})
+            accept = functools.partial(self._accept, aggregator, reference, accepted, saving, current_round)
+            # Results are folded chunk by chunk only when the round needs every result it asks
+            # for: a result that fails midway (its sender died, a NaN in its last tensor) then
+            # fails the round, so a partly folded sum is never used. A round that may close with
+            # fewer (min_clients below the sampled clients: a straggler may still be uploading)
+            # takes each result whole, one at a time, as the other aggregators do.
+            receiver = None
+            if isinstance(aggregator, FoldingModelAggregator) and not self.download_to_disk and needed >= len(clients):
+                receiver = functools.partial(self._receive, aggregator, reference, saving, current_round)
+            try:
+                self.send_and_gather(
+                    self.task_data(model, current_round),
+                    targets=clients,
+                    task_name=self.task_name,
+                    current_round=current_round,
+                    total_rounds=self.num_rounds,
+                    timeout=self.train_timeout,
+                    wait_time_after_min_received=self.wait_time_after_min_received,
+                    min_responses=needed,
+                    callback=accept,
+                    release_after_send=True,
+                    cancel_on_error=not self.ignore_result_error,
+                    result_receiver=receiver,
+                )
+            finally:
+                saving.wait()
+                if receiver is not None:
+                    aggregator.close()  # results still open fail (and taint the sum if they folded anything)
+            self._check_round(current_round, accepted, needed)
+            if receiver is not None and aggregator.tainted():  # cannot pass the check above; never use such a sum
+                raise RuntimeError(f"round {current_round + 1}: partly folded results failed: {aggregator.tainted()}")
+            if self.abort_signal.is_set():
+                return
+            update = aggregator.aggregate_model()
+            model = self.update_global(model, update, current_round, reference)
+            del update  # its tensors are the new model's: held by `model` alone from here on
+            model.current_round = current_round
+            model.total_rounds = self.num_rounds
+            self.context.report(
+                "round_done",
+                round=current_round,
+                total_rounds=self.num_rounds,
+                time_s=round(time.monotonic() - started, 3),
+                metrics=dict(model.metrics or {}),
+                clients=sorted(accepted),
+                sampled=clients,
+                failed=dict(self.failures),
+                refused=dict(self.refused),
+                **disk_figures(area, current_round),
+            )
+        self.save_model(model)
+
+    def _check_round(self, current_round: int, accepted: list[str], needed: int) -> None:
+        """Raise when a client's error ends the round (``ignore_result_error`` off) or too few results are usable."""
+        if self.errors and not self.ignore_result_error:
+            raise RuntimeError(f"round {current_round + 1}: a client's result is an error: {self.errors}")
+        if self.abort_signal.is_set():
+            return
+        if len(accepted) < needed:
+            reasons = "; ".join(f"{client}: {why}" for client, why in sorted(self.failures.items()))
+            raise RuntimeError(
+                f"round {current_round + 1}: {len(accepted)} usable result(s), "
+                f"{needed} needed (min_clients); {reasons or 'no reason reported'}"
+            )
+
+    def _accept(
+        self,
+        aggregator: ModelAggregator,
+        reference: dict[str, Any],
+        accepted: list[str],
+        saving: _BackgroundSave,
+        current_round: int,
+        result: FLModel,
+        client: str,
+    ) -> None:
+        """Check one result, then fold it into the round's aggregate.
+
+        Raises:
+            ValueError: The result is refused; nothing of it reached the aggregator.
+        """
+        saving.join()  # its failure is the workflow's to raise, not this result's
+        self.check_result(result, client, current_round, reference)
+        aggregator.accept_model(result, client)
+        accepted.append(client)
+
+    def _receive(
+        self,
+        aggregator: FoldingModelAggregator,
+        reference: dict[str, Any],
+        saving: _BackgroundSave,
+        current_round: int,
+        header: Shareable,
+        client: str,
+    ) -> ResultFold | None:
+        """Open the fold of a result whose tensors are still to come (its header alone), or None to take it whole.
+
+        Only a FULL/DIFF model whose every param streams as a torch tensor is folded; its header
+        is checked here (weight, type, a second result), its layout when the stream announces it,
+        each tensor once complete (`check_result` on placeholders, then the values' rules). A
+        refusal is recorded as the site's (``refused``) and fails the download.
+        """
+        if header.get_return_code() is not ReturnCode.OK:
+            return None
+        result_round = header.get_header(ReservedHeaderKey.CURRENT_ROUND)
+        if result_round is not None and result_round != current_round:
+            return None  # refused on arrival, as a whole result is
+        try:
+            model = model_from_shareable(header)
+        except ValueError:
+            return None
+        params = model.params or {}
+        if not params or not all(getattr(v, "kind", None) == "tensors" for v in params.values()):
+            return None  # inline values, arrays, nothing to fold: received whole
+        items = {str(value.item): name for name, value in params.items()}
+        if len(items) != len(params):
+            return None
+        saving.join()  # the old weights are gone before results pile up (as in `_accept`)
+
+        def check_layout(placeholders: dict[str, Any]) -> None:
+            self._refusing(
+                client,
+                current_round,
+                self.check_result,
+                _with_params(model, placeholders),
+                client,
+                current_round,
+                reference,
+            )
+
+        def check_tensor(name: str, tensor: Any) -> None:
+            self._refusing(client, current_round, self.rules.check_values, {name: tensor}, client)
+
+        return self._refusing(
+            client, current_round, aggregator.open_result, model, client, items, check_layout, check_tensor
+        )
+
+    def _refusing(self, client: str, current_round: int, check: Callable[..., Any], *args: Any) -> Any:
+        """``check(*args)``; a ValueError is recorded as ``client``'s refusal (the site's alone) and raised."""
+        try:
+            return check(*args)
+        except ValueError as e:
+            reason = f"ValueError: {e}"
+            log.warning("result refused: site=%s round=%d reason=%s", client, current_round + 1, reason)
+            self.failures[client] = self.refused[client] = reason
+            raise
+
+    def _global_params(self, model: FLModel) -> dict[str, Any]:
+        """The global model the clients were sent this round: held here, else read from the persistor on demand."""
+        if model.params is not None:
+            return dict(model.params)
+        return dict(self.persistor.global_params_for_reading())
+
+
+def shareable_from_model_params(
+    model: FLModel, params: dict[str, Any] | None, current_round: int, total_rounds: int, start_round: int
+) -> Shareable:
+    """The task data of the FLModel path: ``params`` as FULL weights of ``current_round``."""
+    return shareable_from_model(
+        FLModel(
+            params=params,
+            params_type=ParamsType.FULL,
+            current_round=current_round,
+            total_rounds=total_rounds,
+            start_round=start_round,
+        )
+    )
+
+
+class _BackgroundSave:
+    """``save(model)`` in a thread of its own, so the clients download the model meanwhile."""
+
+    def __init__(self, save: Callable[[FLModel], None], model: FLModel) -> None:
+        self._error: BaseException | None = None
+        snapshot = FLModel(params=model.params, params_type=model.params_type, metrics=model.metrics, meta=model.meta)
+        self._thread = threading.Thread(target=self._run, args=(save, snapshot), name="round-save", daemon=True)
+        self._thread.start()
+
+    def _run(self, save: Callable[[FLModel], None], model: FLModel) -> None:
+        try:
+            save(model)
+        except BaseException as e:  # noqa: BLE001 - raised by wait() in the workflow's thread
+            self._error = e
+
+    def join(self) -> None:
+        """Return once the save is over (written or failed)."""
+        self._thread.join()
+
+    def wait(self) -> None:
+        """Return once the save is over; raise its error if it failed."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def _with_params(model: FLModel, params: dict[str, Any]) -> FLModel:
+    """``model``'s header with ``params`` (placeholders) and no metrics (those are checked with the whole result)."""
+    return FLModel(
+        params=params,
+        params_type=model.params_type,
+        meta=dict(model.meta or {}),
+        current_round=model.current_round,
+        total_rounds=model.total_rounds,
+    )
+
+
+def layout_of(params: dict[str, Any]) -> dict[str, Any]:
+    """Stand-ins with the names, shapes and dtypes of ``params`` and no memory (meta tensors)."""
+    return {
+        name: torch.empty(value.shape, dtype=value.dtype, device="meta") if isinstance(value, torch.Tensor) else value
+        for name, value in params.items()
+    }

@@ -1,0 +1,198 @@
+"""`FoldingModelAggregator`: the weighted mean folded tensor by tensor; refusals leave no trace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.aggregators import WeightedModelAggregator, check_params_match
+from engine.aggregators.folding import FoldingModelAggregator
+from engine.model import FLModel, ParamsType
+
+SHAPES = {"w": (64, 3), "b": (3,), "steps": ()}
+
+
+def _result(seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "w": torch.randn(64, 3, generator=generator),
+        "b": torch.randn(3, generator=generator, dtype=torch.float64),
+        "steps": torch.tensor(seed * 7, dtype=torch.int64),
+    }
+
+
+def _layout(tensors: dict[str, torch.Tensor]) -> dict:
+    return {name: (tuple(t.shape), t.dtype) for name, t in tensors.items()}
+
+
+def _header(steps: float, metrics: dict | None = None) -> FLModel:
+    return FLModel(meta={"NUM_STEPS_CURRENT_ROUND": steps}, metrics=metrics)
+
+
+def _placeholders(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in tensors.items()}
+
+
+def _stream(aggregator: FoldingModelAggregator, site: str, tensors: dict, steps: float, **kw) -> None:
+    fold = aggregator.open_result(_header(steps), site, **kw)
+    fold.check_layout(_layout(tensors))
+    for name, tensor in tensors.items():
+        fold.fold(name, tensor.clone())
+    aggregator.accept_model(FLModel(params=_placeholders(tensors), metrics={"acc": steps / 10}), site)
+
+
+def _expected(results: dict[str, dict], weights: dict[str, float]) -> dict[str, torch.Tensor]:
+    """The weighted mean computed apart, in float64 (then rounded to each dtype as the aggregator does)."""
+    total = sum(weights.values())
+    out = {}
+    for name, first in next(iter(results.values())).items():
+        mean = sum(weights[s] * r[name].double() for s, r in results.items()) / total
+        out[name] = mean.round().to(first.dtype) if not first.dtype.is_floating_point else mean
+    return out
+
+
+def test_folded_results_give_the_weighted_mean_computed_apart() -> None:
+    results = {"site-1": _result(1), "site-2": _result(2), "site-3": _result(3)}
+    weights = {"site-1": 2.0 * 0.5, "site-2": 5.0, "site-3": 1.0}
+    aggregator = FoldingModelAggregator(aggregation_weights={"site-1": 0.5})
+    _stream(aggregator, "site-1", results["site-1"], 2)
+    _stream(aggregator, "site-2", results["site-2"], 5)
+    aggregator.accept_model(FLModel(params=results["site-3"], meta={"NUM_STEPS_CURRENT_ROUND": 1}), "site-3")  # whole
+
+    model = aggregator.aggregate_model()
+
+    expected = _expected(results, weights)
+    assert model.meta == {"nr_aggregated": 3} and model.params_type is ParamsType.FULL
+    for name, value in model.params.items():
+        assert value.dtype == results["site-1"][name].dtype
+        assert torch.allclose(value.double(), expected[name].double(), rtol=0, atol=1e-6), name
+    assert model.metrics["acc"] == pytest.approx((0.2 * 1.0 + 0.5 * 5.0) / 6.0)  # site-3 sent no metrics
+
+
+def test_the_same_mean_as_the_weighted_model_aggregator_bit_for_bit() -> None:
+    results = {f"site-{k}": _result(k) for k in (1, 2, 3)}
+    folding, whole = FoldingModelAggregator(), WeightedModelAggregator()
+    for k, (site, tensors) in enumerate(results.items(), start=1):
+        _stream(folding, site, tensors, k)
+        whole.accept_model(
+            FLModel(params={n: t.clone() for n, t in tensors.items()}, meta={"NUM_STEPS_CURRENT_ROUND": k}), site
+        )
+    a, b = folding.aggregate_model().params, whole.aggregate_model().params
+    assert all(torch.equal(a[name], b[name]) for name in b)
+
+
+def test_tensors_of_several_results_interleaved_sum_exactly() -> None:
+    results = {f"site-{k}": _result(k) for k in (1, 2, 3)}
+    aggregator = FoldingModelAggregator()
+    folds = {}
+    for k, (site, tensors) in enumerate(results.items(), start=1):
+        folds[site] = aggregator.open_result(_header(k), site)
+        folds[site].check_layout(_layout(tensors))
+    for name in ("b", "w", "steps"):  # tensor by tensor, every result at once
+        for site, fold in folds.items():
+            fold.fold(name, results[site][name])
+    for site, tensors in results.items():
+        aggregator.accept_model(FLModel(params=_placeholders(tensors)), site)
+
+    expected = _expected(results, {"site-1": 1.0, "site-2": 2.0, "site-3": 3.0})
+    mean = aggregator.aggregate_model().params
+    assert all(torch.allclose(mean[n].double(), expected[n].double(), rtol=0, atol=1e-6) for n in mean)
+
+
+@pytest.mark.parametrize(
+    "lie, match",
+    [
+        ({"NUM_STEPS_CURRENT_ROUND": 10**9}, "above the aggregator's max_local_steps"),
+        ({"NUM_STEPS_CURRENT_ROUND": float("nan")}, "finite number > 0"),
+        ({"NUM_STEPS_CURRENT_ROUND": -1}, "finite number > 0"),
+    ],
+)
+def test_a_lying_header_is_refused_before_anything_is_folded(lie: dict, match: str) -> None:
+    honest = {"site-1": _result(1), "site-2": _result(2)}
+    aggregator, reference = FoldingModelAggregator(), FoldingModelAggregator()
+    _stream(aggregator, "site-1", honest["site-1"], 1)
+    with pytest.raises(ValueError, match=match):
+        aggregator.open_result(FLModel(meta=lie), "site-3")
+    _stream(aggregator, "site-2", honest["site-2"], 2)
+    for site, k in (("site-1", 1), ("site-2", 2)):
+        _stream(reference, site, honest[site], k)
+
+    assert aggregator.tainted() == {}
+    a, b = aggregator.aggregate_model().params, reference.aggregate_model().params
+    assert all(torch.equal(a[n], b[n]) for n in b)  # as if it never arrived: bit for bit
+
+
+def test_a_layout_unlike_the_model_is_refused_before_the_first_tensor() -> None:
+    model = _result(0)
+    reference = {n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, t in model.items()}
+    aggregator = FoldingModelAggregator()
+    _stream(aggregator, "site-1", _result(1), 1)
+
+    def check(params: dict) -> None:
+        check_params_match(reference, params, "site-2")
+
+    fold = aggregator.open_result(_header(3), "site-2", check_layout=check)
+    bad = dict(_result(2), w=torch.zeros(64, 4))
+    with pytest.raises(ValueError, match="shape"):
+        fold.check_layout(_layout(bad))
+    fold.fail("refused")
+    assert aggregator.tainted() == {}
+    assert torch.equal(aggregator.aggregate_model().params["w"], _result(1)["w"])
+
+
+def test_a_result_failing_midway_taints_the_sum_and_no_mean_is_made_from_it() -> None:
+    aggregator = FoldingModelAggregator()
+    _stream(aggregator, "site-1", _result(1), 1)
+    tensors = _result(2)
+    fold = aggregator.open_result(_header(4), "site-2")
+    fold.check_layout(_layout(tensors))
+    fold.fold("w", tensors["w"])
+    fold.fail("site-2 died mid-upload")
+
+    assert aggregator.tainted() == {"site-2": "site-2 died mid-upload"}
+    with pytest.raises(RuntimeError, match="site-2"):
+        aggregator.aggregate_model()
+    aggregator.reset_stats()  # the round runs again: a clean sum
+    _stream(aggregator, "site-1", _result(1), 1)
+    assert torch.equal(aggregator.aggregate_model().params["w"], _result(1)["w"])
+
+
+def test_a_non_finite_tensor_is_refused_before_it_is_folded() -> None:
+    def finite(name: str, tensor: torch.Tensor) -> None:
+        if not torch.isfinite(tensor).all():
+            raise ValueError(f"{name!r} holds NaN")
+
+    aggregator = FoldingModelAggregator()
+    tensors = _result(1)
+    fold = aggregator.open_result(_header(1), "site-1", check_tensor=finite)
+    fold.check_layout(_layout(tensors))
+    with pytest.raises(ValueError, match="NaN"):
+        fold.fold("w", torch.full((64, 3), float("nan")))
+    fold.fail("NaN")
+    assert aggregator.tainted() == {}  # nothing of it was folded
+
+
+def test_closing_fails_open_results_and_refuses_new_ones() -> None:
+    aggregator = FoldingModelAggregator()
+    tensors = _result(1)
+    fold = aggregator.open_result(_header(1), "site-1")
+    fold.check_layout(_layout(tensors))
+    fold.fold("b", tensors["b"])
+    aggregator.close()
+    assert "site-1" in aggregator.tainted()
+    with pytest.raises(ValueError, match="closed"):
+        aggregator.open_result(_header(1), "site-2")
+    with pytest.raises(ValueError, match="closed"):
+        fold.fold("w", tensors["w"])
+
+
+def test_a_second_result_and_another_params_type_are_refused() -> None:
+    aggregator = FoldingModelAggregator()
+    _stream(aggregator, "site-1", _result(1), 1)
+    with pytest.raises(ValueError, match="already contributed"):
+        aggregator.open_result(_header(1), "site-1")
+    diff = aggregator.open_result(FLModel(params_type=ParamsType.DIFF, meta={"NUM_STEPS_CURRENT_ROUND": 1}), "site-2")
+    with pytest.raises(ValueError, match="one type"):  # refused with its layout, before any tensor
+        diff.check_layout(_layout(_result(2)))
+    diff.fail("refused")
+    assert aggregator.tainted() == {}
