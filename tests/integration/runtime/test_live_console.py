@@ -30,7 +30,8 @@ def test_a_run_in_a_terminal_leaves_one_line_per_round_and_shows_the_logs_with_v
     assert result.state is JobState.FINISHED_COMPLETED, out.getvalue()
     raw = _SGR.sub("", out.getvalue())
     assert "starting the server and 2 clients" in raw  # the board was drawn ...
-    assert re.search(r"site-1 +(waiting for its task|receiving its train task|training|idle)", raw)
+    # ... with a line per site (which statuses a fast run shows depends on when the board redraws)
+    assert re.search(r"site-1 +(starting|waiting|receiving|downloading|training|sending|idle|done)", raw)
     terminal = Terminal().feed(out.getvalue())
     assert terminal.unknown == []
     left = terminal.lines  # ... and is gone: what stays is one line per round, then the summary

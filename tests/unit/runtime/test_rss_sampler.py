@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
 import os
 import time
 from pathlib import Path
@@ -42,11 +43,14 @@ def test_samples_have_increasing_times_and_follow_an_allocation(tmp_path: Path) 
 
     assert sampler.start()
     time.sleep(0.2)
-    block = bytearray(os.urandom(1)) * (64 << 20)  # 64 MiB, touched
+    # 64 MiB of fresh anonymous memory, every page written: RSS grows by it whatever the heap
+    # already holds (a malloc'd block may reuse pages an earlier test left resident).
+    block = mmap.mmap(-1, 64 << 20)
+    block.write(b"\1" * (64 << 20))
     time.sleep(0.2)
     sampler.stop()
     after = time.time()
-    del block
+    block.close()
 
     taken = samples(tmp_path)
     times = [when for when, _ in taken]
