@@ -17,6 +17,7 @@ import copy
 import os
 import shutil
 import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +59,7 @@ class SimEnv:
     allowed_dirs: Sequence[str | os.PathLike[str]] = ()
 
 
-class Recipe:
+class Recipe(ABC):
     """What every recipe takes: the model, the training script and its files, rounds and clients.
 
     Args:
@@ -295,13 +296,13 @@ class Recipe:
     def _min_rounds(self) -> int:
         return 1
 
+    @abstractmethod
     def _server_side(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The server's workflows and components."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _client_side(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The clients' executors and components."""
-        raise NotImplementedError
 
     def _reserved_ids(self, side: str) -> set[str]:
         """Component ids the recipe itself uses on ``side``."""
