@@ -11,9 +11,12 @@ its metrics added) once it has arrived whole and passed the workflow's checks (`
 A result that fails after some of its values were folded (its site died mid-upload, a chunk was
 bad or holds a NaN, the round closed first) cannot be taken back out exactly: a float32 sum
 does not give ``(s + w x) - w x == s`` (and with a large claimed weight the error is large), and
-``x`` is gone. The aggregator records it instead (`tainted`), refuses to make a mean from that
-sum (`aggregate_model` raises), and the workflow runs the round's task again without that site
-(`engine.workflows.round_loop`). A result refused before its first chunk leaves no trace.
+``x`` is gone. The aggregator records it instead (`tainted`) and refuses to make a mean from that
+sum; `rebuild` then makes the sum again from nothing, out of the committed results alone: each
+fold carries a `ResultFold.refold` that pulls its result once more (the server holds every folded
+result's download open on its sender until the round's mean is made: `ResultFold.release`). So
+the round's mean is the one without the failed result, as exact as any other. A result refused
+before its first chunk leaves no trace and needs no rebuild.
 
 Results that arrive whole (`accept_model` on a model with real values) are folded into the same
 sums, so both kinds can meet in one round. The sums are `WeightedAggregationHelper`'s (float32,
@@ -91,6 +94,39 @@ class ResultFold:
         self.failed: str | None = None
         #: Whether its tensors came one at a time from a stream (`check_layout` was called).
         self.streamed = False
+        #: ``refold(fold)``: pulls this result once more into ``fold`` (set by who received it).
+        self.refold: Callable[[ResultFold], None] | None = None
+        #: ``release()``: its sender may free the result (set by who received it); called once.
+        self.release: Callable[[], None] | None = None
+        #: The accepted metrics it was committed with.
+        self.metrics: dict[str, Any] | None = None
+        self.round = 0
+        #: Whether it is being folded again by `FoldingModelAggregator.rebuild`.
+        self.rebuilding = False
+
+    def again(self) -> ResultFold:
+        """A fresh fold of the same result (weight, checks, receiver's hooks), for `FoldingModelAggregator.rebuild`."""
+        fold = ResultFold(
+            self.owner,
+            self.contributor,
+            self.weight,
+            self.params_type,
+            self.items,
+            self._check_layout,
+            self._check_tensor,
+        )
+        fold.refold, fold.release, fold.metrics, fold.round = self.refold, self.release, self.metrics, self.round
+        fold.rebuilding = True
+        return fold
+
+    def let_go(self) -> None:
+        """Let its sender free the result (once; errors are logged, never raised)."""
+        release, self.release = self.release, None
+        if release is not None:
+            try:
+                release()
+            except Exception:
+                logger.exception("could not release the result of %s", self.contributor)
 
     def name_of(self, item: str) -> str:
         """The param name a stream item stands for (the item itself when not mapped)."""
@@ -178,7 +214,7 @@ class FoldingModelAggregator(ModelAggregator):
         self._sums: dict[str, RunningSum] = {}
         self._metrics = WeightedAggregationHelper()
         self._open: dict[str, ResultFold] = {}
-        self._committed: list[str] = []
+        self._committed: dict[str, ResultFold] = {}
         self._tainted: dict[str, str] = {}
         self._params_type: ParamsType | None = None
         self._closed = False
@@ -248,7 +284,7 @@ class FoldingModelAggregator(ModelAggregator):
 
     def _fold(self, fold: ResultFold, name: str, value: Any) -> None:
         with self._lock:
-            if self._closed or self._open.get(fold.contributor) is not fold:
+            if self._shut_for(fold):
                 raise ValueError(f"result of {fold.contributor}: the round's aggregation has closed")
             if name in fold.folded:
                 raise ValueError(f"result of {fold.contributor}: {name!r} arrived twice")
@@ -267,7 +303,7 @@ class FoldingModelAggregator(ModelAggregator):
 
     def _fold_piece(self, fold: ResultFold, name: str, start: int, values: torch.Tensor) -> None:
         with self._lock:
-            if self._closed or self._open.get(fold.contributor) is not fold:
+            if self._shut_for(fold):
                 raise ValueError(f"result of {fold.contributor}: the round's aggregation has closed")
             if name in fold.folded:
                 raise ValueError(f"result of {fold.contributor}: {name!r} arrived twice")
@@ -281,12 +317,16 @@ class FoldingModelAggregator(ModelAggregator):
 
     def _complete(self, fold: ResultFold, name: str) -> None:
         with self._lock:
-            if self._closed or self._open.get(fold.contributor) is not fold:
+            if self._shut_for(fold):
                 raise ValueError(f"result of {fold.contributor}: the round's aggregation has closed")
             if name not in fold.expected or name in fold.folded:
                 raise ValueError(f"result of {fold.contributor}: {name!r} completed twice or unannounced")
             self._sum_for(fold, name).weight += fold.weight
             fold.folded.add(name)
+
+    def _shut_for(self, fold: ResultFold) -> bool:
+        """Whether ``fold`` may no longer add to the sum (held under the lock)."""
+        return self._open.get(fold.contributor) is not fold or (self._closed and not fold.rebuilding)
 
     def _sum_for(self, fold: ResultFold, name: str) -> RunningSum:
         """The running sum of ``name`` (held under the lock); a zero one of the announced layout if it has none yet."""
@@ -351,18 +391,9 @@ class FoldingModelAggregator(ModelAggregator):
                 fold.fail(f"{type(e).__name__}: {e}")
                 raise
             release_values(model.params)
-        metrics = numeric_metrics(model.metrics, contributor)
-        with self._lock:
-            complete = self._open.get(contributor) is fold and fold.folded == fold.expected == set(model.params)
-            if complete:
-                del self._open[contributor]
-                self._committed.append(contributor)
-                self._params_type = fold.params_type
-                if metrics:
-                    self._metrics.add(metrics, fold.weight, contributor, model.current_round or 0)
-            else:
-                fold = None
-        if fold is not None:
+        fold.metrics = numeric_metrics(model.metrics, contributor) or None
+        fold.round = model.current_round or 0
+        if self._commit(fold, set(model.params)):
             logger.info(
                 "result folded: contributor=%s weight=%s tensors=%d streamed=%s",
                 contributor,
@@ -377,6 +408,77 @@ class FoldingModelAggregator(ModelAggregator):
         if fold is not None:
             fold.fail(reason)
         raise ValueError(reason)
+
+    def _commit(self, fold: ResultFold, names: set[str]) -> bool:
+        """Count ``fold`` in the mean if it is open and every one of ``names`` is folded; False otherwise."""
+        with self._lock:
+            if self._open.get(fold.contributor) is not fold or not fold.folded == fold.expected == names:
+                return False
+            del self._open[fold.contributor]
+            self._committed[fold.contributor] = fold
+            self._params_type = fold.params_type
+            if fold.metrics:
+                self._metrics.add(fold.metrics, fold.weight, fold.contributor, fold.round)
+            return True
+
+    def rebuild(self) -> dict[str, str]:
+        """Make a tainted sum again from the committed results alone, pulling each once more.
+
+        Call it after `close`, when `tainted` is not empty: every committed result is folded
+        anew, all at once, into zeroed sums through its `ResultFold.refold`; one that has none
+        (it arrived whole, its values are gone) or whose pull fails is left out. A failure while
+        rebuilding taints the new sum, which is rebuilt again without it.
+
+        Returns:
+            The results left out (site -> why); `tainted` is empty afterwards.
+        """
+        left_out: dict[str, str] = {}
+        while True:
+            with self._lock:
+                if not self._tainted:
+                    return left_out
+                logger.warning(
+                    "rebuilding the round's sum without partly folded results: failed=%s results=%d",
+                    sorted(self._tainted),
+                    len(self._committed),
+                )
+                committed = list(self._committed.values())
+                self._sums, self._committed, self._tainted, self._open = {}, {}, {}, {}
+                self._metrics.reset_stats()
+                self._params_type = None
+                folds = [old.again() for old in committed if old.refold is not None]
+                self._open = {fold.contributor: fold for fold in folds}
+            for old in committed:
+                if old.refold is None:
+                    left_out[old.contributor] = "its result arrived whole and could not be folded again"
+                    old.let_go()
+            failures = self._fold_again(folds)
+            for fold in folds:
+                if fold.contributor in failures:
+                    left_out[fold.contributor] = failures[fold.contributor]
+                    fold.let_go()
+
+    def _fold_again(self, folds: list[ResultFold]) -> dict[str, str]:
+        """Pull every fold's result once more, each on a thread of its own; return the ones that failed."""
+        failures: dict[str, str] = {}
+
+        def run(fold: ResultFold) -> None:
+            assert fold.refold is not None
+            try:
+                fold.refold(fold)
+                if not self._commit(fold, set(fold.expected)):
+                    raise ValueError("it arrived incomplete")
+            except Exception as e:  # noqa: BLE001 - that result is left out; the others go on
+                reason = f"its result could not be pulled again after another one failed midway: {e}"
+                fold.fail(reason)
+                failures[fold.contributor] = reason
+
+        threads = [threading.Thread(target=run, args=(fold,), name=f"refold-{fold.contributor}") for fold in folds]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return failures
 
     def _check_whole(self, params: Mapping[str, Any], contributor: str) -> None:
         """Refuse a whole result whose values do not fit the sum, before any of them is folded."""
@@ -397,12 +499,13 @@ class FoldingModelAggregator(ModelAggregator):
         """The weighted mean of the committed results; forgets them.
 
         Raises:
-            RuntimeError: Nothing was committed, or the sum is tainted by a partly folded result.
+            RuntimeError: Nothing was committed, or the sum is tainted by a partly folded result
+                (`rebuild` it first).
         """
         with self._lock:
             if self._tainted:
                 raise RuntimeError(
-                    f"the round's sum holds parts of failed results ({sorted(self._tainted)}); run the round again"
+                    f"the round's sum holds parts of failed results ({sorted(self._tainted)}); rebuild it first"
                 )
             if not self._committed:
                 raise RuntimeError("nothing to aggregate: no contribution was added")
@@ -416,20 +519,27 @@ class FoldingModelAggregator(ModelAggregator):
                 params[name] = current.mean()
                 del self._sums[name]
             metrics = self._metrics.get_result() if self._metrics.get_len() else None
-            self._reset()
+            held = self._reset()
+        for fold in held:
+            fold.let_go()
         logger.info("models aggregated: nr_aggregated=%d params_type=%s", count, params_type.value)
         return FLModel(params=params, params_type=params_type, metrics=metrics, meta={"nr_aggregated": count})
 
     def reset_stats(self) -> None:
-        """Forget everything: sums, open and committed results, taint; open for a new round."""
+        """Forget everything: sums, open and committed results (their senders may free them), taint."""
         with self._lock:
-            self._reset()
+            held = self._reset()
+        for fold in held:
+            fold.let_go()
 
-    def _reset(self) -> None:
+    def _reset(self) -> list[ResultFold]:
+        """Forget everything (held under the lock); return the folds whose senders may now free them."""
+        held = [*self._committed.values(), *self._open.values()]
         self._sums = {}
         self._metrics.reset_stats()
         self._open = {}
-        self._committed = []
+        self._committed = {}
         self._tainted = {}
         self._params_type = None
         self._closed = False
+        return held

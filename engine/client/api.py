@@ -84,8 +84,10 @@ def send(model: FLModel, clear_cache: bool = True) -> None:
     handed to the engine: from the moment `send` returns, ``model.params`` (and the params of
     the received model, where they hold any of the same tensors, as in
     ``FLModel(params=received.params)``) raise `ParamsHandedOverError` on every read; the engine
-    serves the tensors to the server and drops them once it has pulled them, so their memory
-    goes back to the tensor pool and the next `receive` reuses it. The tensors themselves are
+    serves the tensors to the server and drops them once the server is done with them (it has
+    pulled them, or, for a result it folds into its sum, made the round's model; at the latest
+    when the next task arrives), so their memory goes back to the tensor pool and the next
+    `receive` reuses it. The tensors themselves are
     not touched; a dict or tensor the script keeps by another name stays valid (and keeps its
     memory). Changing them before the result is pulled changes what the server gets.
 

@@ -2,7 +2,8 @@
 
 With ``clear_cache=True`` (the default, as in NVIDIA FLARE) `send` hands the params of the sent
 FLModel over: the engine serves them to whoever pulls the result (the server, or in
-``subprocess`` mode the executor) and drops them once pulled, and the script's FLModel gets a
+``subprocess`` mode the executor) and drops them once it is done with them (at the latest when
+the next task arrives), and the script's FLModel gets a
 `HandedOverParams` in their place. The received FLModel whose tensors went into the sent one is
 emptied the same way, so nothing in the script keeps the previous round's model alive while
 the next one arrives: its memory goes back to the tensor pool, and the next ``receive()``

@@ -39,7 +39,7 @@ from engine.runtime.assembly import (
     route_task,
     streaming_settings,
 )
-from engine.runtime.server import payload_bytes
+from engine.runtime.payload import payload_bytes
 from engine.site import SiteEndpoint, SiteSettings
 from engine.streaming.codec import Placement
 
@@ -89,6 +89,7 @@ class ClientJob:
         self._report = report or (lambda event, **fields: None)
         self.abort_signal = threading.Event()
         self._task_ready = threading.Event()  # set by the server's notice that a task is scheduled
+        self._held_results: list[str] = []  # offers of the last result, held for the server
         self.tasks_done = 0
         self.chunks_served = 0
 
@@ -265,6 +266,7 @@ class ClientJob:
     ) -> None:
         task_name = str(reply.header["task_name"])
         task_id = str(reply.header["task_id"])
+        self._let_go_of_results()  # a new task: the server is done with the last result
         started = time.monotonic()
         result = self._execute(task_name, task_id, reply, routes, data_filters)
         if self._current_round is not None:  # result filters see the round (GaussianPrivacy's accounting)
@@ -328,8 +330,15 @@ class ClientJob:
             return nullcontext(None)
         return executor.task_data_placement(task_name, self.abort_signal)
 
+    def _let_go_of_results(self) -> None:
+        """Free the results the server held (see `_submit`); it will not pull them again."""
+        held, self._held_results = self._held_results, []
+        if held and self.network.service is not None:
+            self.network.service.drop(held)
+
     def _submit(self, task_name: str, task_id: str, result: Shareable) -> None:
-        frames = self.codec.encode(result, receivers=["server"])
+        offers: list[str] = []
+        frames = self.codec.encode(result, receivers=["server"], offers=offers)
         del result
         # The server replies once it has pulled every tensor; each pull is bounded by the
         # per-request timeout, and a server that dies fails the request as unreachable at once.
@@ -344,6 +353,11 @@ class ClientJob:
                 timeout_s=timeout_s,
             )
             log.info("result submitted task=%s outcome=%s", task_name, reply.header.get("outcome"))
+            if reply.header.get("held") is True and self.network.service is not None:
+                # The server folded it into its sum and may pull it once more (if another site's
+                # result fails midway): served until it says done, or this site's next task.
+                self.network.service.hold(offers)
+                self._held_results = offers
         except CellRemoteError as e:
             log.warning("the server refused the result of task=%s: %s", task_name, e)
         except CellError as e:

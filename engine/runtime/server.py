@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import torch
 
 from engine.cells import Message, Reply, Status
 from engine.config import Job
@@ -39,10 +36,13 @@ from engine.runtime.assembly import (
     prepare_components,
     streaming_settings,
 )
+from engine.runtime.job_end import JobOutcome, end_of_run_warnings, flush_components
+from engine.runtime.payload import payload_bytes
 from engine.runtime.states import JobState
 from engine.runtime.transfer_progress import DownloadProgress
 from engine.site import SiteEndpoint, SiteSettings
-from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
+from engine.streaming.lazy import cleanup_lazy_refs
+from engine.streaming.service import HeldDownload, release_held
 
 log = logging.getLogger(__name__)
 
@@ -55,24 +55,6 @@ CLIENTS_READY_TIMEOUT_S = 120.0
 #: A folded result waits for the task data's downloads to end (see `_on_submit`) at most until
 #: they have had no request for this long (a client that died or never came for the task).
 FOLD_WAIT_IDLE_S = 10.0
-
-
-@dataclass
-class JobOutcome:
-    """How the server job ended.
-
-    Attributes:
-        state: The final state.
-        reason: Why it ended that way (empty when it completed).
-        rounds: Each finished round's record.
-        warnings: What components said was likely a mistake once the run was over
-            (`end_of_run_warnings`).
-    """
-
-    state: JobState
-    reason: str = ""
-    rounds: list[dict[str, Any]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
 
 
 class ServerJob:
@@ -176,7 +158,7 @@ class ServerJob:
                 outcome = JobOutcome(JobState.FINISHED_EXECUTION_EXCEPTION, reason)
             else:
                 outcome = self._run_workflows(workflows, context)
-            outcome = _flush_components(components, outcome)
+            outcome = flush_components(components, outcome)
             outcome.warnings = end_of_run_warnings({**components, **workflows})
         finally:
             self.queue.end_run()
@@ -397,18 +379,25 @@ class ServerJob:
         self.report("result_uploading", site=site, task=task_name, task_id=task_id)
         result = None
         sinks: list[Any] = []  # the sink folding this result, once the receiver gave one
+        # A folded result's downloads stay open on its sender until the round's mean is made: if
+        # another result fails midway, the sum is rebuilt by pulling this one again (`refold`).
+        held: list[HeldDownload] = []
+        limit = RESULT_SIZE_FACTOR * sent_bytes + RESULT_SLACK_BYTES
+        what = f"a result of {site} (at most {RESULT_SIZE_FACTOR} x the {sent_bytes} bytes it was sent)"
 
         def fold(peeked: Any) -> Any:
             sink = receiver(peeked, site) if isinstance(peeked, Shareable) else None
             if sink is not None:
+                sink.refold = functools.partial(self._refold, message.frames, site, limit, what)
+                sink.release = functools.partial(release_held, self.cell, held)
                 sinks.append(sink)
             return sink
 
         try:
-            limit = RESULT_SIZE_FACTOR * sent_bytes + RESULT_SLACK_BYTES
-            what = f"a result of {site} (at most {RESULT_SIZE_FACTOR} x the {sent_bytes} bytes it was sent)"
             folding = fold if receiver is not None else None
-            result = self.codec.decode(message.frames, sender=site, max_bytes=limit, what=what, fold=folding)
+            result = self.codec.decode(
+                message.frames, sender=site, max_bytes=limit, what=what, fold=folding, held=held if folding else None
+            )
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
             result = self._result_filters.apply(task_name, result, site)
@@ -418,6 +407,7 @@ class ServerJob:
             cleanup_lazy_refs(result)
             for sink in sinks:
                 sink.fail(reason)
+            release_held(self.cell, held)
             self.queue.fail_client_task(site, task_id, reason)
             return Reply(header={"outcome": "FAILED", "reason": reason}, status=Status.ERROR, reason=reason)
         seconds = time.monotonic() - started
@@ -435,7 +425,17 @@ class ServerJob:
             cleanup_lazy_refs(result)
         for sink in sinks:  # committed by the workflow if it took the result; a no-op then
             sink.fail(f"result of {site} not taken by the task: {outcome.value}")
-        return Reply(header={"outcome": outcome.value})
+        if not any(sink.release is not None and sink.failed is None for sink in sinks):
+            release_held(self.cell, held)  # not folded, or not taken: nothing will pull it again
+            held = []
+        # A held result: its sender keeps serving it until the round's mean is made (the
+        # workflow's aggregator releases it), or until its next task.
+        return Reply(header={"outcome": outcome.value, "held": bool(held)})
+
+    def _refold(self, frames: list[Any], site: str, limit: int, what: str, sink: Any) -> None:
+        """Pull a folded result of ``site`` once more, into ``sink`` (a rebuild of the round's sum)."""
+        decoded = self.codec.decode(frames, sender=site, max_bytes=limit, what=what, fold=lambda peeked: sink, held=[])
+        del decoded  # its tensors went to the sink; only meta tensors are left
 
     # ----------------------------------------------------------------- monitor
 
@@ -475,73 +475,10 @@ def _one_based_round(fields: dict[str, Any]) -> dict[str, Any]:
     return {**fields, "round": shown_round(fields["round"])} if "round" in fields else fields
 
 
-def end_of_run_warnings(components: dict[str, Any]) -> list[str]:
-    """Ask every component with an ``end_of_run_warnings()`` hook what looks like a mistake, now the run is over.
-
-    The hook is optional and returns lines such as ``key_metric 'acuracy' was never reported;
-    ...``; each is prefixed with the component's id. A hook that raises is logged and skipped:
-    a warning never fails a job.
-
-    Example::
-
-        class MyPersistor(ModelPersistor):
-            def end_of_run_warnings(self) -> list[str]:
-                return [] if self.saved_best else ["no model was ever the best"]
-    """
-    warnings = []
-    for component_id, component in components.items():
-        hook = getattr(component, "end_of_run_warnings", None)
-        if not callable(hook):
-            continue
-        try:
-            lines = hook()
-        except Exception:
-            log.exception("end_of_run_warnings failed component=%s", component_id)
-            continue
-        warnings.extend(f"{component_id}: {line}" for line in lines or [] if isinstance(line, str))
-    return warnings
-
-
-def _flush_components(components: dict[str, Any], outcome: JobOutcome) -> JobOutcome:
-    """Let every component with a ``flush`` finish its writes (checkpoints saved in the background).
-
-    A failure makes a completed job one that ended in an exception, with the component named.
-    """
-    for component_id, component in components.items():
-        flush = getattr(component, "flush", None)
-        if not callable(flush):
-            continue
-        try:
-            flush()
-        except Exception as e:
-            log.exception("flush failed component=%s", component_id)
-            if outcome.state is JobState.FINISHED_COMPLETED:
-                reason = f"component {component_id!r} could not finish its writes: {type(e).__name__}: {e}"
-                outcome = JobOutcome(JobState.FINISHED_EXECUTION_EXCEPTION, reason, outcome.rounds)
-    return outcome
-
-
 #: A result may announce at most this many times the bytes of the model its task sent (a float64
 #: result of a float32 model), plus `RESULT_SLACK_BYTES`; more is refused before it is pulled.
 RESULT_SIZE_FACTOR = 2
 RESULT_SLACK_BYTES = 16 << 20
-
-
-def payload_bytes(value: Any) -> int:
-    """Bytes of tensor and array memory in a result (what was streamed)."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    if isinstance(value, LazyRef):
-        return value.nbytes
-    if isinstance(value, FLModel):
-        return payload_bytes(value.params)
-    if isinstance(value, dict):  # a Shareable too
-        return sum(payload_bytes(item) for item in value.values())
-    if isinstance(value, DXO):
-        return payload_bytes(value.data)
-    return 0
 
 
 def _private_copy(data: Shareable) -> Shareable:

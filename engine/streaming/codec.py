@@ -17,7 +17,7 @@ import torch
 from engine.errors import SerializationError
 from engine.fobs import DecodeContext, EncodeContext, Registry, deserialize, serialize
 from engine.streaming.folding import FoldingConsumer, TensorSink
-from engine.streaming.service import ByteBudget, ConsumerFactory
+from engine.streaming.service import ByteBudget, ConsumerFactory, HeldDownload
 from engine.streaming.via_downloader import (
     OFFERS_PROP,
     RECEIVERS_PROP,
@@ -82,6 +82,7 @@ class MessageCodec:
         what: str = "the message",
         place: Placement | None = None,
         fold: Folding | None = None,
+        held: list[HeldDownload] | None = None,
     ) -> Any:
         """Rebuild an object from received frames, pulling its streamed tensors first.
 
@@ -105,6 +106,10 @@ class MessageCodec:
                 ``place``; when it returns a `TensorSink`, the message's streamed torch tensors
                 go to it through a `FoldingConsumer` (each once complete; the rebuilt message
                 holds meta tensors in their places), else the message is received as without.
+            held: Gets ``(sender, ref)`` of each tensor download instead of the sender being
+                told it is complete, so the same frames can be decoded (pulled) again, e.g.
+                into a new sum; `engine.streaming.service.release_held` lets the sender free
+                them. None: the sender is told at once.
         """
         if not frames:
             raise SerializationError("an empty message: expected a FOBS header frame")
@@ -127,6 +132,8 @@ class MessageCodec:
             changes["sender"] = sender
         if max_bytes is not None:
             changes["budget"] = ByteBudget(max_bytes, what)
+        if held is not None:
+            changes["held"] = held
         if changes:
             context = replace(context, **changes)
         return deserialize(frames[0], frames[1:], DecodeContext(props={STREAMING_PROP: context}), self._registry)

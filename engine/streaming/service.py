@@ -42,6 +42,8 @@ DEFAULT_MIN_THROUGHPUT = 256 << 10
 DEFAULT_SWEEP_INTERVAL_S = 5.0
 
 ConsumerFactory = Callable[[StreamLayout, int], StreamConsumer]
+#: ``(sender, ref)`` of a download whose completion is not reported yet (see `download_tensors`).
+HeldDownload = tuple[str, str]
 
 
 class ByteBudget:
@@ -170,6 +172,17 @@ class DownloadService:
         """Wait until every receiver of the offers ``refs`` finished (see `DownloadRegistry.wait_finished`)."""
         return self.registry.wait_finished(refs, idle_limit_s, stop)
 
+    def hold(self, refs: Iterable[str]) -> None:
+        """Keep serving the offers ``refs`` past their timeout, until their receivers report done or `drop`.
+
+        For a result a receiver folded into a sum and may pull once more (see `release_held`).
+        """
+        self.registry.hold(refs)
+
+    def drop(self, refs: Iterable[str]) -> list[str]:
+        """Free the offers ``refs`` now, whatever their receivers did; return the ones that were open."""
+        return self.registry.drop(refs)
+
     def drop_receiver(self, refs: Iterable[str], receiver: str) -> None:
         """Stop waiting for ``receiver`` on the offers ``refs`` (it will never pull: it did not take the message)."""
         for ref in refs:
@@ -235,6 +248,7 @@ def download_tensors(
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     budget: ByteBudget | None = None,
     min_throughput: int = 0,
+    held: list[HeldDownload] | None = None,
 ) -> Any:
     """Pull download ``ref`` from cell ``source`` and return what the consumer builds.
 
@@ -251,6 +265,9 @@ def download_tensors(
         min_throughput: Bytes per second the whole stream must keep up on average: a stream
             of N bytes fails after ``per_request_timeout_s + N / min_throughput`` seconds, so
             a sender that trickles chunks cannot hold the receiver for ever. 0: no bound.
+        held: When given, the sender is not told that the download is complete: ``(source,
+            ref)`` is appended instead, so the stream can be pulled again; `release_held` tells
+            the sender later.
 
     Raises:
         StreamingError: The sender refused, went silent past the per-request timeout or the
@@ -268,7 +285,9 @@ def download_tensors(
             budget.take(layout.total_bytes, where, chunk_bytes)
         return consumer_factory(layout, chunk_bytes)
 
-    return _download(cell, source, ref, KIND_TENSORS, consumer_of, per_request_timeout_s, max_in_flight, min_throughput)
+    return _download(
+        cell, source, ref, KIND_TENSORS, consumer_of, per_request_timeout_s, max_in_flight, min_throughput, held
+    )
 
 
 def download_file(
@@ -317,8 +336,9 @@ def _download(
     timeout_s: float,
     max_in_flight: int,
     min_throughput: int,
+    held: list[HeldDownload] | None = None,
 ) -> Any:
-    """Ask for the info, check its kind and chunk size, pull every chunk, report completion."""
+    """Ask for the info, check its kind and chunk size, pull every chunk, report completion (or hold it)."""
     where = f"download {ref!r} from {source!r}"
     if type(max_in_flight) is not int or max_in_flight < 1:
         raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
@@ -345,11 +365,25 @@ def _download(
     except BaseException:
         consumer.abort()
         raise
+    if held is not None:
+        held.append((source, ref))
+    else:
+        report_done(cell, source, ref)
+    return result
+
+
+def report_done(cell: Cell, source: str, ref: str) -> None:
+    """Tell ``source`` that this cell has everything of download ``ref`` (it may free it)."""
     try:
         cell.send(source, CHANNEL, TOPIC_DONE, {"ref": ref})
     except CellError as e:  # the sender frees it on timeout instead
-        log.warning("%s: could not report completion: %s", where, e)
-    return result
+        log.warning("download %r from %r: could not report completion: %s", ref, source, e)
+
+
+def release_held(cell: Cell, held: Iterable[HeldDownload]) -> None:
+    """Report done for downloads pulled with ``held`` (see `download_tensors`): their senders free them."""
+    for source, ref in held:
+        report_done(cell, source, ref)
 
 
 def _pull_chunks(

@@ -2,7 +2,9 @@
 
 Plain bookkeeping, no sockets: the download service asks it to answer each chunk request, and
 it frees a downloadable when every receiver has finished, when its transaction times out
-(a receiver vanished), or when the job ends.
+(a receiver vanished), when its owner drops it, or when the job ends. A held transaction (its
+receiver may pull it again later: a server that folded a result into a sum may need it once
+more) does not time out.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class _Transaction:
     timeout_s: float
     deadline: float
     done: set[str] = field(default_factory=set)
+    held: bool = False
 
 
 class DownloadRegistry:
@@ -127,11 +130,30 @@ class DownloadRegistry:
         log.debug("download finished ref=%s receivers=%d", ref, len(transaction.done))
         return True
 
+    def hold(self, refs: Iterable[str]) -> None:
+        """Keep the transactions ``refs`` past their deadline, until their receivers finish or `drop`."""
+        with self._lock:
+            for ref in refs:
+                transaction = self._transactions.get(ref)
+                if transaction is not None:
+                    transaction.held = True
+
+    def drop(self, refs: Iterable[str]) -> list[str]:
+        """Free the transactions ``refs`` whatever their receivers did; return the ref ids that were open."""
+        with self._lock:
+            dropped = {ref: self._transactions.pop(ref) for ref in set(refs) if ref in self._transactions}
+            if dropped:
+                self._gone.notify_all()
+        for ref, transaction in dropped.items():
+            log.debug("download dropped by its owner ref=%s", ref)
+            transaction.downloadable.release()
+        return list(dropped)
+
     def expire(self) -> list[str]:
-        """Drop every transaction past its deadline; return their ref ids."""
+        """Drop every transaction past its deadline (held ones excepted); return their ref ids."""
         now = self._clock()
         with self._lock:
-            expired = {ref: t for ref, t in self._transactions.items() if t.deadline <= now}
+            expired = {ref: t for ref, t in self._transactions.items() if t.deadline <= now and not t.held}
             for ref in expired:
                 del self._transactions[ref]
             if expired:

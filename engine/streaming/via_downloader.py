@@ -42,6 +42,7 @@ from engine.streaming.service import (
     ByteBudget,
     ConsumerFactory,
     DownloadService,
+    HeldDownload,
     download_tensors,
 )
 
@@ -83,6 +84,9 @@ class StreamingContext:
             tensors land in, by the item key of their `StreamedItem` (see `MemoryConsumer`).
         tensor_consumer: When receiving one message: where its streamed torch tensors land
             instead of ``consumer_factory`` (a `FoldingConsumer` that folds them into a sum).
+        held: When receiving one message: its tensor downloads are not reported done to the
+            sender but listed here, so the message can be decoded (pulled) again; see
+            `engine.streaming.service.release_held`.
     """
 
     cell: Cell
@@ -99,6 +103,7 @@ class StreamingContext:
     peek: bool = False
     targets: Mapping[str, torch.Tensor] = field(default_factory=dict, compare=False)
     tensor_consumer: ConsumerFactory | None = field(default=None, compare=False)
+    held: list[HeldDownload] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.transaction_timeout_s is None:
@@ -248,6 +253,7 @@ class _ViaDownloader(ABC):
             context.max_in_flight,
             context.budget,
             context.min_throughput,
+            context.held,
         )
 
     def lookup(self, data: Any, ctx: DecodeContext, as_numpy: bool = False) -> torch.Tensor | LazyRef:

@@ -205,13 +205,12 @@ class RoundLoop(ModelController):
             saving = _BackgroundSave(self.save_model, model)
             reference = layout_of(model.params or {})
             accept = functools.partial(self._accept, aggregator, reference, accepted, saving, current_round)
-            # Results are folded chunk by chunk only when the round needs every result it asks
-            # for: a result that fails midway (its sender died, a NaN in its last tensor) then
-            # fails the round, so a partly folded sum is never used. A round that may close with
-            # fewer (min_clients below the sampled clients: a straggler may still be uploading)
-            # takes each result whole, one at a time, as the other aggregators do.
+            # Results are folded chunk by chunk into the aggregator's sum as they arrive. One that
+            # fails midway (its sender died, a NaN in its last tensor, a straggler cut off when
+            # the round closed) taints the sum, which is then rebuilt from the other results
+            # (pulled once more from their senders, who hold them until the round's mean exists).
             receiver = None
-            if isinstance(aggregator, FoldingModelAggregator) and not self.download_to_disk and needed >= len(clients):
+            if isinstance(aggregator, FoldingModelAggregator) and not self.download_to_disk:
                 receiver = functools.partial(self._receive, aggregator, reference, saving, current_round)
             try:
                 self.send_and_gather(
@@ -232,9 +231,9 @@ class RoundLoop(ModelController):
                 saving.wait()
                 if receiver is not None:
                     aggregator.close()  # results still open fail (and taint the sum if they folded anything)
+            if receiver is not None and aggregator.tainted() and len(accepted) >= needed:
+                self._rebuild(aggregator, accepted, current_round)  # else the round fails below
             self._check_round(current_round, accepted, needed)
-            if receiver is not None and aggregator.tainted():  # cannot pass the check above; never use such a sum
-                raise RuntimeError(f"round {current_round + 1}: partly folded results failed: {aggregator.tainted()}")
             if self.abort_signal.is_set():
                 return
             update = aggregator.aggregate_model()
@@ -255,6 +254,24 @@ class RoundLoop(ModelController):
                 **disk_figures(area, current_round),
             )
         self.save_model(model)
+
+    def _rebuild(self, aggregator: FoldingModelAggregator, accepted: list[str], current_round: int) -> None:
+        """Make the round's sum again without the results that failed midway; drop the ones it could not redo."""
+        tainted = aggregator.tainted()
+        started = time.monotonic()
+        left_out = aggregator.rebuild()
+        for client, why in left_out.items():
+            if client in accepted:
+                accepted.remove(client)
+            self.failures[client] = why
+        log.warning(
+            "round %d: sum rebuilt without partly folded results: failed=%s left_out=%s seconds=%.2f",
+            current_round + 1,
+            sorted(tainted),
+            sorted(left_out),
+            time.monotonic() - started,
+        )
+        self.context.report("round_rebuilt", round=current_round, failed=dict(tainted), left_out=dict(left_out))
 
     def _check_round(self, current_round: int, accepted: list[str], needed: int) -> None:
         """Raise when a client's error ends the round (``ignore_result_error`` off) or too few results are usable."""

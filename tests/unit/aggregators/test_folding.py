@@ -196,3 +196,101 @@ def test_a_second_result_and_another_params_type_are_refused() -> None:
         diff.check_layout(_layout(_result(2)))
     diff.fail("refused")
     assert aggregator.tainted() == {}
+
+
+def _held_stream(
+    aggregator: FoldingModelAggregator, site: str, tensors: dict, steps: float, log: list, again: dict | None = None
+) -> None:
+    """`_stream` of a result its sender still holds: ``refold`` pulls it again (``again``: other values then)."""
+
+    def refold(fold) -> None:
+        log.append(("refold", site))
+        pulled = tensors if again is None else again
+        fold.check_layout(_layout(pulled))
+        for name, tensor in pulled.items():
+            fold.fold(name, tensor.clone())
+
+    fold = aggregator.open_result(_header(steps), site, check_tensor=_finite)
+    fold.refold = refold
+    fold.release = lambda: log.append(("release", site))
+    fold.check_layout(_layout(tensors))
+    for name, tensor in tensors.items():
+        fold.fold(name, tensor.clone())
+    aggregator.accept_model(FLModel(params=_placeholders(tensors), metrics={"acc": steps / 10}), site)
+
+
+def _finite(name: str, tensor: torch.Tensor) -> None:
+    if not torch.isfinite(tensor).all():
+        raise ValueError(f"{name!r} holds NaN")
+
+
+def test_a_tainted_sum_is_rebuilt_from_the_others_and_equals_their_mean() -> None:
+    log: list = []
+    aggregator = FoldingModelAggregator()
+    _held_stream(aggregator, "site-1", _result(1), 2, log)
+    dying = aggregator.open_result(_header(9), "site-2")  # folds half of itself, then its sender dies
+    dying.check_layout(_layout(_result(2)))
+    dying.fold("w", _result(2)["w"])
+    _held_stream(aggregator, "site-3", _result(3), 5, log)
+    dying.fail("site-2 died mid-upload")
+    aggregator.close()
+
+    assert aggregator.rebuild() == {}
+    assert aggregator.tainted() == {}
+    assert sorted(entry for entry in log if entry[0] == "refold") == [("refold", "site-1"), ("refold", "site-3")]
+    model = aggregator.aggregate_model()
+
+    clean = FoldingModelAggregator()  # the same round without site-2
+    _stream(clean, "site-1", _result(1), 2)
+    _stream(clean, "site-3", _result(3), 5)
+    expected = clean.aggregate_model()
+    for name in SHAPES:  # the pulls run at once: the sum's order, and so the last bit, may differ
+        assert torch.allclose(model.params[name].double(), expected.params[name].double(), rtol=0, atol=1e-6), name
+    assert model.metrics == expected.metrics and model.meta["nr_aggregated"] == 2
+    assert sorted(entry for entry in log if entry[0] == "release") == [("release", "site-1"), ("release", "site-3")]
+
+
+def test_a_result_that_cannot_be_pulled_again_is_left_out_and_released() -> None:
+    log: list = []
+    aggregator = FoldingModelAggregator()
+    _held_stream(aggregator, "site-1", _result(1), 2, log)
+    aggregator.accept_model(FLModel(params=_result(3), meta={"NUM_STEPS_CURRENT_ROUND": 1}), "site-3")  # whole
+    gone = aggregator.open_result(_header(3), "site-4")  # committed, but its sender will be gone
+    gone.refold = lambda fold: (_ for _ in ()).throw(RuntimeError("site-4 is unreachable"))
+    gone.release = lambda: log.append(("release", "site-4"))
+    gone.check_layout(_layout(_result(4)))
+    for name, tensor in _result(4).items():
+        gone.fold(name, tensor)
+    aggregator.accept_model(FLModel(params=_placeholders(_result(4))), "site-4")
+    dying = aggregator.open_result(_header(1), "site-2")
+    dying.check_layout(_layout(_result(2)))
+    dying.fold("b", _result(2)["b"])
+    aggregator.close()  # site-2 is still open: it fails and taints the sum
+
+    left_out = aggregator.rebuild()
+
+    assert sorted(left_out) == ["site-3", "site-4"]
+    assert "arrived whole" in left_out["site-3"] and "unreachable" in left_out["site-4"]
+    assert ("release", "site-4") in log
+    model = aggregator.aggregate_model()
+    assert model.meta["nr_aggregated"] == 1
+    for name, tensor in _result(1).items():
+        assert torch.equal(model.params[name], tensor), name  # site-1 alone
+
+
+def test_a_rebuild_refuses_a_result_whose_second_pull_breaks_the_rules() -> None:
+    log: list = []
+    aggregator = FoldingModelAggregator()
+    _held_stream(aggregator, "site-1", _result(1), 1, log)
+    changed = {**_result(3), "w": torch.full((64, 3), float("nan"))}  # the sender changed its values meanwhile
+    _held_stream(aggregator, "site-3", _result(3), 1, log, again=changed)
+    dying = aggregator.open_result(_header(1), "site-2")
+    dying.check_layout(_layout(_result(2)))
+    dying.fold("w", _result(2)["w"])
+    dying.fail("died")
+
+    left_out = aggregator.rebuild()
+
+    assert list(left_out) == ["site-3"] and "NaN" in left_out["site-3"]
+    assert log.count(("refold", "site-3")) == 1 and ("release", "site-3") in log
+    assert torch.equal(aggregator.aggregate_model().params["w"], _result(1)["w"])

@@ -9,7 +9,7 @@ import torch
 
 from engine.model import FLModel
 from engine.persistors import PTFileModelPersistor
-from engine.runtime.server import JobOutcome, _flush_components
+from engine.runtime.job_end import JobOutcome, flush_components
 from engine.runtime.states import JobState
 
 
@@ -23,7 +23,7 @@ def saved_persistor(tmp_path: Path) -> PTFileModelPersistor:
 def test_a_completed_job_ends_with_its_checkpoint_in_place(tmp_path: Path) -> None:
     persistor = saved_persistor(tmp_path)
 
-    outcome = _flush_components({"persistor": persistor, "other": object()}, JobOutcome(JobState.FINISHED_COMPLETED))
+    outcome = flush_components({"persistor": persistor, "other": object()}, JobOutcome(JobState.FINISHED_COMPLETED))
 
     assert outcome.state is JobState.FINISHED_COMPLETED
     assert [p.name for p in (tmp_path / "models").iterdir()] == ["global.safetensors"]
@@ -38,9 +38,7 @@ def test_a_checkpoint_that_could_not_be_saved_fails_the_job_and_names_the_compon
     monkeypatch.setattr("os.replace", refuse)
     persistor = saved_persistor(tmp_path)
 
-    outcome = _flush_components(
-        {"persistor": persistor}, JobOutcome(JobState.FINISHED_COMPLETED, rounds=[{"round": 0}])
-    )
+    outcome = flush_components({"persistor": persistor}, JobOutcome(JobState.FINISHED_COMPLETED, rounds=[{"round": 0}]))
 
     assert outcome.state is JobState.FINISHED_EXECUTION_EXCEPTION
     assert "component 'persistor' could not finish its writes" in outcome.reason
@@ -53,6 +51,6 @@ def test_an_aborted_job_keeps_its_own_reason(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr("os.replace", lambda src, dst: (_ for _ in ()).throw(OSError(5, "Input/output error")))
     persistor = saved_persistor(tmp_path)
 
-    outcome = _flush_components({"persistor": persistor}, JobOutcome(JobState.FINISHED_ABORTED, "stopped by user"))
+    outcome = flush_components({"persistor": persistor}, JobOutcome(JobState.FINISHED_ABORTED, "stopped by user"))
 
     assert (outcome.state, outcome.reason) == (JobState.FINISHED_ABORTED, "stopped by user")

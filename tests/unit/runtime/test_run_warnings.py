@@ -10,9 +10,9 @@ import torch
 from engine.config import load_job
 from engine.model import FLModel, ParamsType
 from engine.persistors.pt_file import PTFileModelPersistor
+from engine.runtime.job_end import end_of_run_warnings
 from engine.runtime.progress import summary_table
 from engine.runtime.run_warnings import run_warnings
-from engine.runtime.server import end_of_run_warnings
 from engine.runtime.simulator import error_tail
 
 JOBS = Path(__file__).resolve().parents[3] / "jobs"

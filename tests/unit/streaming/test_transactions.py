@@ -138,6 +138,24 @@ def test_a_vanished_receiver_lets_the_transaction_time_out() -> None:
         registry.chunk(ref, "site-2", 2)
 
 
+def test_a_held_download_outlives_its_timeout_until_its_receiver_is_done_or_it_is_dropped() -> None:
+    clock = FakeClock()
+    registry = DownloadRegistry(clock)
+    first, second = downloadable(), downloadable()
+    held_ref = registry.add(first, ["server"], timeout_s=10)
+    dropped_ref = registry.add(second, ["server"], timeout_s=10)
+    registry.hold([held_ref, dropped_ref, "unknown"])
+
+    clock.now = 1000.0
+    assert registry.expire() == []
+    registry.chunk(held_ref, "server", 0)  # still served: the receiver may pull it again
+    assert registry.drop([dropped_ref, "unknown"]) == [dropped_ref]
+    assert second.tensors == {}
+    assert registry.finish(held_ref, "server")
+    assert first.tensors == {} and len(registry) == 0
+    assert registry.drop([held_ref]) == []
+
+
 def test_close_frees_everything() -> None:
     registry = DownloadRegistry()
     served = [downloadable() for _ in range(3)]
