@@ -23,6 +23,7 @@ import torch
 from engine.errors import StreamingError
 from engine.fobs.arrays import byte_view, copy_bytes
 from engine.fobs.dtypes import torch_dtype
+from engine.fobs.mapped import mapped_empty
 from engine.fobs.tensor_pool import pooled_empty
 from engine.streaming.consumers import StreamConsumer
 from engine.streaming.layout import StreamLayout
@@ -81,7 +82,9 @@ class FoldingConsumer(StreamConsumer):
             chunk_bytes % size == 0 and (layout.data_start + entry.begin) % size == 0
             for entry, size in zip(layout.entries, sizes, strict=True)
         ]
-        self._scratch = torch.empty(chunk_bytes if any(self._direct) else 0, dtype=torch.uint8)
+        # Its own mapping: one per result and round, it would otherwise fragment the pulling
+        # thread's malloc arena (see `engine.fobs.mapped`).
+        self._scratch = mapped_empty(chunk_bytes if any(self._direct) else 0)
         self._scratch_bytes = byte_view(self._scratch)
         self._staged: dict[int, tuple[torch.Tensor, memoryview]] = {}
         self._filled = [0] * len(layout.entries)
