@@ -1,7 +1,5 @@
 """``python -m engine`` is the ``flengine`` command."""
 
-import sys
+from engine.cli import console_main
 
-from engine.cli import main
-
-sys.exit(main())
+console_main()

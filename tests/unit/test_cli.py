@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -115,3 +116,26 @@ def test_every_bad_input_case_gives_its_lines_and_no_traceback(make_job: MakeJob
     printed = result.stdout.splitlines()
     assert [line for line in expected if line not in printed] == []
     assert printed[-1] == f"{len(cases)} jobs checked, {len(cases)} invalid"
+
+
+def test_the_executable_keeps_its_output_and_exit_code_when_it_skips_the_torch_teardown(tmp_path: Path) -> None:
+    # Validating a job imports its components (torch among them); the exit then skips torch's
+    # teardown, and nothing written may be lost on the way: the JSON is whole, the code is kept.
+    good = subprocess.run(
+        [sys.executable, "-m", "engine", "validate", str(REPO / "jobs" / "fedavg"), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    bad = subprocess.run(
+        [sys.executable, "-m", "engine", "validate", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout)["jobs"][0]["ok"] is True
+    assert bad.returncode == 1 and "no such job folder" in bad.stdout + bad.stderr
