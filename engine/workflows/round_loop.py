@@ -185,6 +185,9 @@ class RoundLoop(ModelController):
 
     def _run_rounds(self, area: DiskDownloadArea | None) -> None:
         aggregator = self.make_aggregator()
+        # Sites whose result failed midway once: their results are taken whole from then on, so
+        # a site cannot make the server pull every other result twice each round.
+        self._whole_from: set[str] = set()
         rng = random.Random(self.sample_seed)
         model = self.load_model()
         model.total_rounds = self.num_rounds
@@ -258,6 +261,7 @@ class RoundLoop(ModelController):
     def _rebuild(self, aggregator: FoldingModelAggregator, accepted: list[str], current_round: int) -> None:
         """Make the round's sum again without the results that failed midway; drop the ones it could not redo."""
         tainted = aggregator.tainted()
+        self._whole_from.update(tainted)
         started = time.monotonic()
         left_out = aggregator.rebuild()
         for client, why in left_out.items():
@@ -320,9 +324,10 @@ class RoundLoop(ModelController):
         Only a FULL/DIFF model whose every param streams as a torch tensor is folded; its header
         is checked here (weight, type, a second result), its layout when the stream announces it,
         each tensor once complete (`check_result` on placeholders, then the values' rules). A
-        refusal is recorded as the site's (``refused``) and fails the download.
+        refusal is recorded as the site's (``refused``) and fails the download. A site whose
+        result once failed midway (the sum had to be rebuilt) is received whole from then on.
         """
-        if header.get_return_code() is not ReturnCode.OK:
+        if header.get_return_code() is not ReturnCode.OK or client in self._whole_from:
             return None
         result_round = header.get_header(ReservedHeaderKey.CURRENT_ROUND)
         if result_round is not None and result_round != current_round:
