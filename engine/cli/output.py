@@ -1,0 +1,50 @@
+"""What the ``flengine`` commands share: ``-v`` and ``--format`` options, JSON documents, counts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from engine.config import Problem
+from engine.config.problems import format_key_path
+
+
+def print_json(document: Any) -> None:
+    """Print ``document`` as indented JSON on stdout."""
+    print(json.dumps(document, indent=2, default=str))
+
+
+def error_document(message: str, exit_code: int, problems: Sequence[Problem] | None = None) -> dict[str, Any]:
+    """The JSON document of a failed command: ``{"error", "exit_code"}`` and its problems, if any."""
+    document: dict[str, Any] = {"error": message, "exit_code": exit_code}
+    if problems is not None:
+        document["problems"] = [problem_json(problem) for problem in problems]
+    return document
+
+
+def problem_json(problem: Problem) -> dict[str, Any]:
+    """One problem as JSON: file, line, key path, message, hint."""
+    return {
+        "file": problem.file,
+        "line": problem.line,
+        "key_path": format_key_path(problem.key_path),
+        "message": problem.message,
+        "hint": problem.hint,
+    }
+
+
+def add_verbose(parser: argparse.ArgumentParser, text: str = "log debug messages to stderr") -> None:
+    """``-v`` after the command too; SUPPRESS keeps the subcommand from resetting a ``-v`` given before it."""
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=text)
+
+
+def add_format(parser: argparse.ArgumentParser, text: str = "text (default) or json") -> None:
+    """``--format text|json``."""
+    parser.add_argument("--format", choices=("text", "json"), default="text", help=text)
+
+
+def count(items: Sequence[object], what: str) -> str:
+    """``3 problems``, ``1 problem``."""
+    return f"{len(items)} {what}{'s' if len(items) != 1 else ''}"
