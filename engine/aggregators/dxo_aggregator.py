@@ -14,6 +14,7 @@ from engine.aggregators.aggregator import (
     local_steps,
     numeric_metrics,
 )
+from engine.aggregators.folding import FoldingModelAggregator
 from engine.aggregators.weighted import WeightedAggregationHelper, release_values
 from engine.model import DXO, DataKind, ReservedHeaderKey, ReturnCode, Shareable, shown_round
 
@@ -73,6 +74,7 @@ class DXOAggregator(Aggregator):
         self._weigh_by_local_iter = weigh_by_local_iter
         self._max_local_steps = check_max_local_steps(max_local_steps)
         self._helper = WeightedAggregationHelper(exclude_vars=exclude_vars)
+        self._excludes = bool(exclude_vars)
         self._metrics = WeightedAggregationHelper()
         self._contributors: set[str] = set()
         self._lock = threading.Lock()
@@ -81,6 +83,21 @@ class DXOAggregator(Aggregator):
     def expected_data_kind(self) -> DataKind:
         """The kind of DXO this aggregator accepts and returns."""
         return self._kind
+
+    def folding_twin(self) -> FoldingModelAggregator | None:
+        """A `FoldingModelAggregator` that makes this aggregator's mean, for results folded chunk by chunk.
+
+        The same weights (``aggregation_weights`` x ``NUM_STEPS_CURRENT_ROUND``, bounded by
+        ``max_local_steps``) and sums; None when no twin makes the same aggregate: a subclass
+        (it may aggregate otherwise), ``exclude_vars`` set, or METRICS expected.
+        """
+        if type(self) is not DXOAggregator or self._excludes or self._kind is DataKind.METRICS:
+            return None
+        return FoldingModelAggregator(
+            aggregation_weights=self._weights,
+            weigh_by_local_iter=self._weigh_by_local_iter,
+            max_local_steps=self._max_local_steps,
+        )
 
     def accept(self, shareable: Shareable, contributor: str, current_round: int) -> bool:
         """Add ``contributor``'s result for ``current_round`` to the sum; False (logged) if refused."""

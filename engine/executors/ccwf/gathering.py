@@ -33,6 +33,9 @@ class RoundGathering:
     started: float = dataclasses.field(default_factory=time.monotonic)
     closed: bool = False
     claimed: set[str] = dataclasses.field(default_factory=set)
+    #: How the round folds its results chunk by chunk (`engine.executors.ccwf.swarm_intake.RoundFold`);
+    #: None: whole, into the swarm's aggregator.
+    fold: Any = None
     _changed: threading.Condition = dataclasses.field(default_factory=threading.Condition)
 
     def set_base(self, data: Shareable) -> None:
@@ -73,6 +76,14 @@ class RoundGathering:
         with self._changed:
             if site not in self.accepted:
                 self.failed[site] = why
+            self._changed.notify_all()
+
+    def drop(self, site: str, why: str) -> None:
+        """Take back ``site``'s accepted result (its part of the sum had to go): it counts as failed."""
+        with self._changed:
+            if site in self.accepted:
+                self.accepted.remove(site)
+            self.failed[site] = why
             self._changed.notify_all()
 
     def wait_done(self, minimum: int, wait_after_min_s: float, timeout_s: float, stopped: threading.Event) -> bool:

@@ -1,7 +1,8 @@
 """`SwarmClientController`: a client's part of Swarm learning.
 
 Each round the trainers train the round's model and hand their results to the round's
-aggregation client, which folds them into a weighted sum as they arrive, applies the aggregate,
+aggregation client, which folds them into a weighted sum as they arrive (chunk by chunk, all at
+once, with the default weighted mean in memory: `ResultIntake`), applies the aggregate,
 saves it, and starts the next round with another aggregation client; after the last round the
 final model goes to the result clients. Messages go client to client over the cells (routed
 through the server cell); tensors are pulled by whoever receives them, from the client that has
@@ -11,7 +12,6 @@ message only from the site the config names for it, for the round it expects (`S
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -26,6 +26,7 @@ from engine.cells import Message, Reply, Status
 from engine.errors import CellError, CellRemoteError
 from engine.executors.ccwf.client_side import ClientSideController, owner_among, refused
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy, rotate
+from engine.executors.ccwf.swarm_intake import HELD_KEY, ResultIntake
 from engine.executors.ccwf.swarm_roles import SwarmRoles
 from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shown_round
 from engine.model.ccwf import CCWF_CHANNEL
@@ -43,8 +44,6 @@ SWARM_PREFIX = "swarm"
 LEARN, RESULT, FINAL = "learn", "result", "final"
 #: Default bound on a round at its aggregation client, in seconds.
 DEFAULT_LEARN_TASK_TIMEOUT_S = 3600.0
-#: Concurrent result downloads of an aggregation client that downloads to disk.
-DISK_PULLS = 8
 
 
 class SwarmClientController(ClientSideController):
@@ -65,8 +64,9 @@ class SwarmClientController(ClientSideController):
         learn_task_ack_timeout: Seconds a peer has to take the round's model (it acknowledges,
             then pulls the tensors).
         final_result_ack_timeout: Seconds a result client has to pull and save the final model.
-        max_concurrent_submissions: Results an aggregation client pulls at once in memory
-            (each is a model's worth of memory); with ``download_to_disk`` they all go at once.
+        max_concurrent_submissions: Whole results an aggregation client pulls at once in memory
+            (each is a model's worth of memory); results folded chunk by chunk (the default
+            weighted mean in memory) all go at once, and so do all with ``download_to_disk``.
         request_to_submit_result_msg_timeout: Seconds a trainer waits for the aggregation
             client to take its result.
         request_to_submit_result_interval: Seconds between a trainer's tries when it did not.
@@ -138,12 +138,10 @@ class SwarmClientController(ClientSideController):
         self.download_to_disk = download_to_disk
         self.download_to_disk_dir = download_to_disk_dir
         self._inbox: queue.Queue[tuple[dict[str, Any], Any]] = queue.Queue()
-        self._rounds: dict[int, RoundGathering] = {}
-        self._rounds_lock = threading.Lock()
-        self._closed_up_to = -1  # rounds up to this one take no more results
         self._exits = contextlib.ExitStack()
         self._threads: list[threading.Thread] = []
-        self._pulls: concurrent.futures.ThreadPoolExecutor | None = None
+        self.intake: ResultIntake | None = None
+        self._held_offers: list[tuple[int, list[str]]] = []  # results the aggregation clients may pull again
 
     def use_job_paths(self, paths: JobPaths) -> None:
         """Check ``download_to_disk_dir`` (when downloads go to disk) against the folders the site allows.
@@ -182,8 +180,15 @@ class SwarmClientController(ClientSideController):
                 raise RuntimeError("download_to_disk: this client runtime cannot download to disk")
             folder = None if self.download_to_disk_dir is None else Path(self.download_to_disk_dir)
             self._exits.enter_context(self.context.downloads_to_disk(folder))
-        workers = DISK_PULLS if self.download_to_disk else self.max_concurrent_submissions
-        self._pulls = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"{self.site}-pull")
+        self.intake = ResultIntake(
+            self.codec,
+            self.aggregator,
+            self.rules,
+            list(self.roles.train_clients),
+            self.max_concurrent_submissions,
+            self.download_to_disk,
+            self.site,
+        )
         for topic, handler in ((LEARN, self._on_learn), (RESULT, self._on_result), (FINAL, self._on_final)):
             self.cell.register_handler(CCWF_CHANNEL, self._topic(topic), handler)
         self._spawn(self._learn_loop, "learner")
@@ -199,12 +204,8 @@ class SwarmClientController(ClientSideController):
         self.stopped.set()
         for thread in self._threads:
             thread.join(5.0)
-        if self._pulls is not None:
-            self._pulls.shutdown(wait=True, cancel_futures=True)
-        with self._rounds_lock:
-            for entry in self._rounds.values():
-                entry.release()
-            self._rounds.clear()
+        if self.intake is not None:
+            self.intake.shutdown()
         self._exits.close()
         super().finalize()
 
@@ -303,13 +304,14 @@ class SwarmClientController(ClientSideController):
     def _learn(self, header: dict[str, Any], payload: Any, served: list[str], sender: str | None = None) -> None:
         current_round, aggr = int(header["round"]), str(header["aggr"])
         trains = self.roles.trains
+        self._drop_held_offers(current_round)
         self.update_status(round=current_round, phase="receiving")
         data = payload if isinstance(payload, Shareable) else self.codec.decode(payload, sender=sender)
         del payload
+        if aggr == self.site:  # the round's model, as sent: results are checked against it as they come
+            self._round(current_round).set_base(data)
         if trains and served:
             data = self._train_after_peers(data, served)
-        if aggr == self.site:
-            self._round(current_round).set_base(data)
         if not trains:
             self.update_status(phase="aggregating" if aggr == self.site else "idle")
             return
@@ -323,7 +325,7 @@ class SwarmClientController(ClientSideController):
         if aggr == self.site:
             entry = self._round(current_round)
             if entry.claim(self.site):
-                entry.take(self.site, result, self.aggregator, self.rules)
+                self._intake.take_own(entry, self.site, result)
         else:
             self._submit(aggr, current_round, result)
         self.update_status(phase="idle")
@@ -344,14 +346,21 @@ class SwarmClientController(ClientSideController):
         return private_copy(data)
 
     def _submit(self, aggr: str, current_round: int, result: Shareable) -> None:
-        """Offer the result to the aggregation client, which pulls its tensors when it can."""
-        frames = self.codec.encode(result, receivers=[aggr])
+        """Offer the result to the aggregation client, which pulls its tensors when it can (and, when
+        its reply says so, again until its round ends: the offer is held past its timeout)."""
+        offers: list[str] = []
+        frames = self.codec.encode(result, receivers=[aggr], offers=offers)
         ok = result.get_return_code() is ReturnCode.OK
         header = {"round": current_round, "ok": ok}
         deadline = time.monotonic() + self.submit_max_wait
         while not self.stopped.is_set():
             try:
-                self.cell.request(aggr, CCWF_CHANNEL, self._topic(RESULT), header, frames, self.submit_msg_timeout)
+                reply = self.cell.request(
+                    aggr, CCWF_CHANNEL, self._topic(RESULT), header, frames, self.submit_msg_timeout
+                )
+                if reply.header.get(HELD_KEY) is True:
+                    self._service.hold(offers)
+                    self._held_offers.append((current_round, offers))
                 return
             except CellRemoteError as e:  # taken and refused (the round closed): nothing to retry
                 log.warning("round %d: %s refused the result: %s", current_round + 1, aggr, e)
@@ -365,55 +374,33 @@ class SwarmClientController(ClientSideController):
                 log.warning("round %d: %s did not take the result yet: %s", current_round + 1, aggr, e)
                 self.stopped.wait(self.submit_interval)
 
+    def _drop_held_offers(self, current_round: int) -> None:
+        """Free results of earlier rounds still held: those rounds are over (their aggregation client
+        reported them done, unless it died first)."""
+        ended = [offers for number, offers in self._held_offers if number < current_round]
+        self._held_offers = [(number, offers) for number, offers in self._held_offers if number >= current_round]
+        for offers in ended:
+            self._service.drop(offers)
+
     # ----------------------------------------------------------------- aggregating a round
+
+    @property
+    def _intake(self) -> ResultIntake:
+        assert self.intake is not None, "the config task has not run"
+        return self.intake
 
     def _round(self, current_round: int) -> RoundGathering:
         """The round this client aggregates (made, and its gathering thread started, on first use)."""
-        with self._rounds_lock:
-            entry = self._rounds.get(current_round)
-            if entry is None:
-                entry = RoundGathering(current_round, list(self.roles.train_clients))
-                self._rounds[current_round] = entry
-                self._spawn(lambda: self._gather(entry), f"round-{current_round}")
-            return entry
+        return self._intake.round(current_round, lambda e: self._spawn(lambda: self._gather(e), f"round-{e.number}"))
 
     def _on_result(self, message: Message) -> Reply:
         """A trainer's result: taken once a round, from a train client, for a round this client aggregates."""
         why = self.roles.result_refusal(message.source, message.header)
         if why:
             return refused(message, why)
-        current_round = int(message.header["round"])
         site = owner_among(message.source, self.roles.train_clients)
         assert site is not None  # result_refusal checked it
-        with self._rounds_lock:
-            entry = self._rounds.get(current_round)
-            closed = current_round <= self._closed_up_to
-        if entry is None or entry.closed:
-            if closed or entry is not None:
-                return refused(message, f"round {current_round + 1} is closed at {self.site}: the result came too late")
-            return refused(message, f"{self.site} does not aggregate round {current_round + 1}")
-        if not entry.claim(site):
-            return refused(message, f"{site} already sent its result for round {current_round + 1}")
-        if not message.header.get("ok", True):
-            entry.fail(site, "the trainer's task failed")
-            return Reply(header={})
-        frames = list(message.frames)
-        assert self._pulls is not None
-        self._pulls.submit(self._pull, entry, site, frames, message.source)
-        return Reply(header={})
-
-    def _pull(self, entry: RoundGathering, site: str, frames: list[Any], sender: str) -> None:
-        result = None
-        try:
-            result = self.codec.decode(frames, sender=sender)
-            if not isinstance(result, Shareable):
-                raise TypeError(f"expected a Shareable, got {type(result).__name__}")
-            entry.take(site, result, self.aggregator, self.rules)
-        except Exception as e:
-            log.warning("round %d: result of %s refused: %s", entry.number + 1, site, e)
-            entry.fail(site, f"{type(e).__name__}: {e}")
-        finally:
-            cleanup_lazy_refs(result)
+        return self._intake.on_result(message, site)
 
     def _gather(self, entry: RoundGathering) -> None:
         try:
@@ -424,28 +411,20 @@ class SwarmClientController(ClientSideController):
                 self.stopped,
             ):
                 return
-            with self._rounds_lock:
-                entry.closed = True
-                self._closed_up_to = max(self._closed_up_to, entry.number)
-            if len(entry.accepted) < self.min_responses_required:
-                failures = "; ".join(f"{site}: {why}" for site, why in entry.failed.items()) or "none"
-                raise RuntimeError(
-                    f"{len(entry.accepted)} usable results of {len(entry.trainers)} "
-                    f"(min_responses_required={self.min_responses_required}, learn_task_timeout="
-                    f"{self.learn_task_timeout:g} s); failed: {failures}"
-                )
+            settings = f"learn_task_timeout={self.learn_task_timeout:g} s"
+            self._intake.close(entry, self.min_responses_required, settings)
             self._finish_round(entry)
         except Exception as e:
             log.exception("round %d could not be aggregated on %s", entry.number + 1, self.site)
             self.update_status(error=f"round {entry.number + 1} at aggregation client {self.site}: {e}")
         finally:
             entry.release()
-            with self._rounds_lock:
-                self._rounds.pop(entry.number, None)
+            self._intake.end(entry)
 
     def _finish_round(self, entry: RoundGathering) -> None:
         self.update_status(round=entry.number, phase="aggregating")
-        aggregate = self.aggregator.aggregate(entry.number)
+        aggregate = self._intake.aggregator_of(entry).aggregate(entry.number)
+        self._intake.release_round(entry)  # the trainers may free their results
         base = model_from_shareable(entry.base) if entry.base is not None else FLModel(params={})
         model = self.generator.shareable_to_learnable(aggregate, base)
         del aggregate, base
@@ -460,7 +439,8 @@ class SwarmClientController(ClientSideController):
             "aggregator": self.site,
         }
         self.update_status(rounds_done=[*self.status.rounds_done, done])
-        log.info("round aggregated round=%d results=%d", entry.number + 1, len(entry.accepted))
+        folded = len(entry.fold.folded) if entry.fold is not None else 0
+        log.info("round aggregated round=%d results=%d folded=%d", entry.number + 1, len(entry.accepted), folded)
         following = entry.number + 1
         if following < self.roles.end_round:
             self._start_round(following, model)
