@@ -1,6 +1,6 @@
 """Benchmark of tensor streaming: a BenchNet state dict from one process to N others, via FOBS.
 
-    python tools/bench_streaming.py --size-mb 1024 [--transfers 2] [--insecure] [--out FILE]
+    python tools/bench_streaming.py --size-mb 1024 [--transfers 2] [--repeat 3] [--insecure] [--out FILE]
 
 For each chunk size (2 MiB, 8 MiB, 0 = inline) and receiver count (1, 4), a sender process
 builds BenchNet (BENCHMARK.md) and serves it to every receiver ``--transfers`` times, each time
@@ -16,9 +16,21 @@ allocator as flengine's job processes do. Peak RSS is the kernel's high-water ma
 each process; ``baseline`` is a process's RSS after its imports, before any tensor exists.
 Every connection is CURVE, as in a job (fresh key pairs, the sender's allowlist holding the
 receivers' keys); ``--insecure`` measures plain TCP for the comparison.
+
+Each case also runs the raw baseline (tools/bench_streaming_raw.py): the same state dict, chunk
+size, requests in flight and security between plain pyzmq processes, the first transfer of each
+receiver into tensors it has just made with ``torch.empty`` (cold), the later ones into the same
+tensors (warm). Raw and flengine run in turn, ``--repeat`` times per case, so that each flengine
+run has a raw run of the same minutes beside it: ``cold_ratio`` is flengine's cold throughput over
+the raw one of the same repetition. Receivers also report the CPU seconds their process spent on
+each transfer (all threads) and the page faults it took.
+
 Prints a table and writes JSON:
-``{"model_mb": N, "runs": [{"chunk_bytes", "receivers", "throughput_gib_s",
-"warm_throughput_gib_s", "sender_peak_rss_mb", "receiver_peak_rss_mb", ...}, ...]}``.
+``{"model_mb": N, "machine": {...}, "runs": [{"chunk_bytes", "receivers", "repetition",
+"throughput_gib_s", "warm_throughput_gib_s", "sender_peak_rss_mb", "receiver_peak_rss_mb",
+"raw": {"throughput_gib_s", "warm_throughput_gib_s", ...}, "cold_ratio", "warm_ratio", ...}, ...],
+"summary": [{"chunk_bytes", "receivers", "cold_ratio_median", ...}, ...]}``.
+``--quick`` runs one small case (64 MiB, 2 MiB chunks, one receiver) in seconds.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_streaming_raw  # noqa: E402
 import benchnet  # noqa: E402
 import zmq  # noqa: E402
 
@@ -71,6 +84,14 @@ def rss_mb(field: str = "VmRSS") -> float:
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def usage() -> tuple[float, float]:
+    """CPU seconds (user + system, all threads) and minor page faults of this process so far."""
+    import resource
+
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return now.ru_utime + now.ru_stime, float(now.ru_minflt)
 
 
 def streaming_registry():  # noqa: ANN201 - imported lazily so the parent stays light
@@ -122,6 +143,7 @@ def run_receiver(endpoint: str, site: str, size_mb: float, transfers: int, in_fl
     for transfer in range(transfers):
         sys.stdin.readline()  # GO
         populating_before = PAGE_POPULATOR.populate_seconds
+        before = usage()
         start = time.perf_counter()
         reply = cell.request("server", "bench", f"get-{transfer}", timeout_s=TIMEOUT_S)
         streaming = StreamingContext(cell, per_request_timeout_s=TIMEOUT_S, max_in_flight=in_flight)
@@ -131,10 +153,12 @@ def run_receiver(endpoint: str, site: str, size_mb: float, transfers: int, in_fl
         seconds = time.perf_counter() - start
         PAGE_POPULATOR.wait_idle()  # a last madvise may still walk pages the transfer wrote
         populating = PAGE_POPULATOR.populate_seconds - populating_before
+        cpu, faults = (after - was for after, was in zip(usage(), before, strict=True))
         peak = rss_mb("VmHWM")
         wrong = benchnet.mismatches(tensors, size_mb)
         del tensors
-        print(f"RESULT {seconds:.4f} {baseline:.1f} {peak:.1f} {len(wrong)} {populating:.4f}", flush=True)
+        fields = f"{seconds:.4f} {baseline:.1f} {peak:.1f} {len(wrong)} {populating:.4f} {cpu:.4f} {faults:.0f}"
+        print(f"RESULT {fields}", flush=True)
     cell.stop()
 
 
@@ -152,19 +176,27 @@ def expect(process: subprocess.Popen[str], word: str) -> list[str]:
 
 
 def run_case(
-    size_mb: float, chunk_bytes: int, receivers: int, transfers: int, in_flight: int, insecure: bool = False
+    size_mb: float,
+    chunk_bytes: int,
+    receivers: int,
+    transfers: int,
+    in_flight: int,
+    insecure: bool = False,
+    raw: bool = False,
 ) -> dict:
+    """One case: a sender and ``receivers`` receivers, flengine's (or with ``raw`` plain pyzmq)."""
     env = dict(os.environ)
     env.pop(KEYS_ENV, None)
     if not insecure:
         env[KEYS_ENV] = json.dumps(make_keys(receivers))
-    sender = spawn("--role", "sender", "--size-mb", str(size_mb), "--chunk-bytes", str(chunk_bytes),
+    prefix = "raw-" if raw else ""
+    sender = spawn("--role", f"{prefix}sender", "--size-mb", str(size_mb), "--chunk-bytes", str(chunk_bytes),
                    "--receivers", str(receivers), "--transfers", str(transfers), env=env)  # fmt: skip
     children = [sender]
     try:
         endpoint, sender_baseline, sender_model = expect(sender, "READY")
-        readers = [spawn("--role", "receiver", "--endpoint", endpoint, "--site", f"site-{k}", "--size-mb", str(size_mb),
-                         "--transfers", str(transfers), "--in-flight", str(in_flight),
+        readers = [spawn("--role", f"{prefix}receiver", "--endpoint", endpoint, "--site", f"site-{k}",
+                         "--size-mb", str(size_mb), "--transfers", str(transfers), "--in-flight", str(in_flight),
                          "--chunk-bytes", str(chunk_bytes), env=env)
                    for k in range(1, receivers + 1)]  # fmt: skip
         children += readers
@@ -200,10 +232,13 @@ def run_case(
         "throughput_gib_s_min": round(min(model_bytes / s for s in seconds) / 2**30, 3),
         "seconds": [round(s, 3) for s in seconds],
         "cold_fault_in_seconds": [round(float(r[4]), 3) for r in results[0]],
+        "cold_cpu_seconds": [round(float(r[5]), 3) for r in results[0]],
+        "cold_page_faults": [int(r[6]) for r in results[0]],
         "warm_throughput_gib_s": round(statistics.mean(model_bytes / s for s in warm_seconds) / 2**30, 3)
         if warm_seconds
         else None,
         "warm_seconds": [round(s, 3) for s in warm_seconds],
+        "warm_cpu_seconds": [round(float(r[5]), 3) for later in results[1:] for r in later],
         "sender_peak_rss_mb": float(sender_peak),
         "sender_baseline_mb": float(sender_baseline),
         "sender_model_rss_mb": float(sender_model),
@@ -214,9 +249,103 @@ def run_case(
     }
 
 
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return round(numerator / denominator, 3) if numerator and denominator else None
+
+
+def compared_case(size_mb: float, chunk: int, receivers: int, args: argparse.Namespace, repetition: int) -> dict:
+    """One repetition of a case: raw and flengine in turn (which first alternates), and their ratios."""
+    order = (True, False) if repetition % 2 == 0 else (False, True)
+    measured = {raw: run_case(size_mb, chunk, receivers, args.transfers, args.in_flight, args.insecure, raw)
+                for raw in order}  # fmt: skip
+    run, raw = measured[False], measured[True]
+    run["repetition"] = repetition
+    run["raw"] = {key: value for key, value in raw.items() if key not in ("chunk_bytes", "receivers", "transfers")}
+    run["cold_ratio"] = ratio(run["throughput_gib_s"], raw["throughput_gib_s"])
+    run["warm_ratio"] = ratio(run["warm_throughput_gib_s"], raw["warm_throughput_gib_s"])
+    return run
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """Per case: the median and the range over repetitions of flengine's, raw's and their ratio."""
+    cases: dict[tuple[int, int], list[dict]] = {}
+    for run in runs:
+        cases.setdefault((run["chunk_bytes"], run["receivers"]), []).append(run)
+    summary = []
+    for (chunk, receivers), group in cases.items():
+        figures = {
+            "cold_gib_s": [run["throughput_gib_s"] for run in group],
+            "raw_cold_gib_s": [run["raw"]["throughput_gib_s"] for run in group],
+            "cold_ratio": [run["cold_ratio"] for run in group if run["cold_ratio"] is not None],
+            "warm_gib_s": [run["warm_throughput_gib_s"] for run in group if run["warm_throughput_gib_s"]],
+            "raw_warm_gib_s": [
+                run["raw"]["warm_throughput_gib_s"] for run in group if run["raw"]["warm_throughput_gib_s"]
+            ],
+            "warm_ratio": [run["warm_ratio"] for run in group if run["warm_ratio"] is not None],
+        }
+        entry: dict = {"chunk_bytes": chunk, "receivers": receivers, "repetitions": len(group)}
+        for name, values in figures.items():
+            if values:
+                entry[f"{name}_median"] = round(statistics.median(values), 3)
+                entry[f"{name}_range"] = [min(values), max(values)]
+        summary.append(entry)
+    return summary
+
+
+def machine() -> dict:
+    """What the page strategy is chosen from, and what it chose, on this machine."""
+    from dataclasses import asdict
+
+    from engine.fobs.page_strategy import OVERRIDE_ENV, machine_facts, page_strategy_here
+
+    strategy = page_strategy_here()  # what the receivers, started with this environment, chose
+    return asdict(machine_facts()) | {
+        "page_strategy": strategy.name,
+        "page_strategy_reason": strategy.reason,
+        "override": os.environ.get(OVERRIDE_ENV),
+    }
+
+
+def print_table(model_mb: float, runs: list[dict], summary: list[dict], insecure: bool, here: dict) -> None:
+    security = "plain TCP (--insecure)" if insecure else "CURVE"
+    print(f"BenchNet {model_mb} MiB, sender -> receivers over TCP loopback, {security} (peak RSS = VmHWM, MiB)")
+    print(f"page strategy of flengine's receivers: {here['page_strategy']} ({here['page_strategy_reason']})")
+    print("cold / min / warm: GiB/s per transfer; fault-in: CPU seconds the page populator spent on a cold one;")
+    print("cpu: CPU seconds of a receiver process on a cold one; raw: plain pyzmq, same repetition; x: flengine / raw")
+    widths = {"chunk": 7, "recv": 4, "rep": 3, "cold": 6, "min": 6, "fault-in": 8, "cpu": 5, "warm": 6}
+    widths |= {"raw cold": 8, "raw cpu": 7, "raw warm": 8, "x cold": 6, "x warm": 6}
+    widths |= {"send peak": 9, "send extra": 10, "recv peak": 9, "raw peak": 8, "recv base": 9, "bad": 3}
+    print(" ".join(f"{name:>{width}}" for name, width in widths.items()))
+
+    def figure(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    for run in runs:
+        raw = run["raw"]
+        chunk = f"{run['chunk_bytes'] >> 20}MiB" if run["chunk_bytes"] else "inline"
+        cells = [chunk, run["receivers"], run["repetition"], figure(run["throughput_gib_s"])]
+        cells += [figure(run["throughput_gib_s_min"]), figure(statistics.mean(run["cold_fault_in_seconds"]))]
+        cells += [figure(statistics.mean(run["cold_cpu_seconds"])), figure(run["warm_throughput_gib_s"])]
+        cells += [figure(raw["throughput_gib_s"]), figure(statistics.mean(raw["cold_cpu_seconds"]))]
+        cells += [figure(raw["warm_throughput_gib_s"]), figure(run["cold_ratio"]), figure(run["warm_ratio"])]
+        cells += [f"{run[key]:.0f}" for key in ("sender_peak_rss_mb", "sender_extra_mb", "receiver_peak_rss_mb")]
+        cells += [f"{raw['receiver_peak_rss_mb']:.0f}", f"{run['receiver_baseline_mb']:.0f}"]
+        cells += [run["mismatched_tensors"] + raw["mismatched_tensors"]]
+        print(" ".join(f"{cell!s:>{width}}" for cell, width in zip(cells, widths.values(), strict=True)))
+    print("medians over repetitions (ranges in the JSON summary):")
+    for case in summary:
+        chunk = f"{case['chunk_bytes'] >> 20}MiB" if case["chunk_bytes"] else "inline"
+        print(
+            f"  {chunk:>6} x {case['receivers']}: cold {case['cold_gib_s_median']:.2f} GiB/s, "
+            f"raw cold {case['raw_cold_gib_s_median']:.2f}, ratio {case.get('cold_ratio_median', 0):.2f} "
+            f"({case.get('cold_ratio_range', ['-', '-'])[0]}-{case.get('cold_ratio_range', ['-', '-'])[1]}); "
+            f"warm ratio {case.get('warm_ratio_median', 0):.2f}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size-mb", type=float, default=1024, help="BenchNet size in MiB (default 1024)")
+    parser.add_argument("--size-mb", type=float, help="BenchNet size in MiB (default 1024; 64 with --quick)")
     parser.add_argument(
         "--transfers", type=int, default=2, help="transfers per receiver process, the first cold (default 2)"
     )
@@ -225,53 +354,69 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--chunk-mb", type=float, nargs="+", help="chunk sizes in MiB (0 = inline); default 2 8 0")
     parser.add_argument("--receiver-counts", type=int, nargs="+", help="receiver counts; default 1 4")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="repetitions of each case, raw and flengine in turn (default 1)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="one small case: 64 MiB, 2 MiB chunks, 1 receiver (unless given)"
+    )
     parser.add_argument("--insecure", action="store_true", help="plain TCP instead of CURVE")
     parser.add_argument("--out", help="write the JSON result to this file")
-    parser.add_argument("--role", choices=("sender", "receiver"), help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=("sender", "receiver", "raw-sender", "raw-receiver"), help=argparse.SUPPRESS)
     parser.add_argument("--chunk-bytes", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--receivers", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--site", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role is not None:
-        from engine.runtime.process import return_freed_memory_to_the_system
-
-        return_freed_memory_to_the_system(args.chunk_bytes or 0)  # as a job with this chunk size
-    if args.role == "sender":
-        run_sender(args.size_mb, args.chunk_bytes, args.receivers, args.transfers)
-        return 0
-    if args.role == "receiver":
-        run_receiver(args.endpoint, args.site, args.size_mb, args.transfers, args.in_flight)
-        return 0
+        return run_role(args)
+    if args.quick:
+        args.chunk_mb, args.receiver_counts = args.chunk_mb or [2], args.receiver_counts or [1]
+    if args.size_mb is None:
+        args.size_mb = 64 if args.quick else 1024
+    if args.transfers < 1 or args.repeat < 1:
+        parser.error("--transfers and --repeat must be >= 1")
 
     model_mb = round(benchnet.layer_count(args.size_mb) * (benchnet.WIDTH**2 + benchnet.WIDTH) * 4 / 2**20, 1)
-    if args.transfers < 1:
-        parser.error("--transfers must be >= 1")
     chunk_sizes = [round(mb * 2**20) for mb in args.chunk_mb] if args.chunk_mb else CHUNK_SIZES
     counts = args.receiver_counts or RECEIVER_COUNTS
     runs = [
-        run_case(args.size_mb, chunk, n, args.transfers, args.in_flight, args.insecure)
+        compared_case(args.size_mb, chunk, n, args, repetition)
         for chunk in chunk_sizes
         for n in counts
+        for repetition in range(args.repeat)
     ]
-    security = "plain TCP (--insecure)" if args.insecure else "CURVE"
-    print(f"BenchNet {model_mb} MiB, sender -> receivers over TCP loopback, {security} (peak RSS = VmHWM, MiB)")
-    print("cold / min / warm: GiB/s per transfer; fault-in: CPU seconds the page populator spent on a cold one")
-    widths = {"chunk": 7, "recv": 4, "cold": 6, "min": 6, "fault-in": 8, "warm": 6, "send peak": 9, "send extra": 10}
-    widths |= {"recv peak": 9, "recv base": 9, "bad": 3}
-    print(" ".join(f"{name:>{width}}" for name, width in widths.items()))
-    for run in runs:
-        chunk = f"{run['chunk_bytes'] >> 20}MiB" if run["chunk_bytes"] else "inline"
-        warm = "-" if run["warm_throughput_gib_s"] is None else f"{run['warm_throughput_gib_s']:.2f}"
-        fault_in = f"{statistics.mean(run['cold_fault_in_seconds']):.2f}"
-        cells = [chunk, run["receivers"], f"{run['throughput_gib_s']:.2f}", f"{run['throughput_gib_s_min']:.2f}"]
-        cells += [fault_in, warm]
-        cells += [f"{run[key]:.0f}" for key in ("sender_peak_rss_mb", "sender_extra_mb", "receiver_peak_rss_mb")]
-        cells += [f"{run['receiver_baseline_mb']:.0f}", run["mismatched_tensors"]]
-        print(" ".join(f"{cell!s:>{width}}" for cell, width in zip(cells, widths.values(), strict=True)))
+    summary = summarize(runs)
+    here = machine()
+    print_table(model_mb, runs, summary, args.insecure, here)
     if args.out:
-        Path(args.out).write_text(json.dumps({"model_mb": model_mb, "runs": runs}, indent=2) + "\n", encoding="utf-8")
+        result = {"model_mb": model_mb, "machine": here, "runs": runs, "summary": summary}
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0
+
+
+def run_role(args: argparse.Namespace) -> int:
+    """A child process: one sender or receiver, flengine's or raw."""
+    from engine.runtime.process import return_freed_memory_to_the_system
+
+    return_freed_memory_to_the_system(args.chunk_bytes or 0)  # as a job with this chunk size
+    keys = bench_streaming_raw.keys_for(os.environ.get(KEYS_ENV))
+    if args.role == "sender":
+        run_sender(args.size_mb, args.chunk_bytes, args.receivers, args.transfers)
+    elif args.role == "receiver":
+        run_receiver(args.endpoint, args.site, args.size_mb, args.transfers, args.in_flight)
+    elif args.role == "raw-sender":
+        bench_streaming_raw.serve(args.size_mb, args.chunk_bytes, keys, report)
+    else:
+        bench_streaming_raw.receive(
+            args.endpoint, args.site, args.size_mb, args.transfers, args.in_flight, keys, report
+        )
+    return 0
+
+
+def report(line: str) -> None:
+    """Tell the parent process (one line on stdout)."""
+    print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,18 @@
-"""Faulting in fresh tensor memory on background threads, ahead of the thread that fills it.
+"""Getting new tensor memory's pages from the system the way this machine does it best.
 
-A download into new memory (the first one of a process) pays a page fault for every 4 KiB it
-writes, on the thread that places the chunks; on a 2-vCPU VM that was most of a cold 1 GiB
-transfer, while the other core waited. `populate_in_background` hands the tensors to two
-daemon threads that ask the kernel to map their pages (``madvise(MADV_POPULATE_WRITE)``, Linux
-5.14 and later) in the order they will be filled, so the faults run beside the transfer. Before
-that, on the caller's thread, it asks for transparent huge pages over the whole 2 MiB pages of
-each large tensor (``MADV_HUGEPAGE``): one fault maps 2 MiB instead of 4 KiB, so a fresh
-process's first download faults 512 times less often; where the kernel has huge pages off, the
-advice changes nothing.
+A download into new memory (the first one of a process) pays for every page it writes: a fault,
+zeroing the page and, in a VM, the host mapping it. `populate_in_background` takes the new
+tensors of a download and applies the process's `PageStrategy` (`engine.fobs.page_strategy`,
+chosen from the machine's cores, huge page mode and balloon):
+
+- with huge pages, it asks for transparent huge pages over the whole 2 MiB pages of each large
+  tensor at once, on the caller's thread (``MADV_HUGEPAGE``: one fault then maps 2 MiB instead
+  of 4 KiB);
+- with populate threads, daemon threads ask the kernel to map the tensors' pages
+  (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14 and later) in the order they will be filled, so
+  the faults run beside the transfer on cores it does not use;
+- with neither (small pages and no threads, as on one core where the host takes free memory
+  back), it does nothing, and each page faults in as the copy first writes it.
 
 It never writes the memory: a page already written by the filling thread is left as it is, and
 a tensor nothing else holds any more (its download failed before its turn) is skipped. Where
@@ -22,7 +26,6 @@ import ctypes.util
 import errno
 import logging
 import mmap
-import os
 import queue
 import sys
 import threading
@@ -31,6 +34,8 @@ import weakref
 from collections.abc import Callable, Iterable
 
 import torch
+
+from engine.fobs.page_strategy import PageStrategy, page_strategy_here
 
 logger = logging.getLogger(__name__)
 
@@ -65,25 +70,28 @@ def _huge_page_bytes() -> int | None:
 class PagePopulator:
     """Daemon threads that fault in the pages of the tensors they are given, oldest first.
 
-    `submit` advises huge pages for the tensors at once, on the caller's thread; the threads then
-    take the tensors one at a time in the order given, so with two threads the second tensor is
-    faulted in beside the first (a VM's host maps memory for each vCPU in parallel: two threads
-    faulted in 1 GiB in half the time of one). Thread-safe. Disables itself for good the first
-    time the kernel refuses the call (``EINVAL``: a kernel before 5.14).
+    `submit` advises huge pages for the tensors at once, on the caller's thread, where the
+    strategy takes them; its threads (none where the strategy has none) then take the tensors
+    one at a time in the order given, so with two threads the second tensor is faulted in beside
+    the first (a VM's host maps memory for each vCPU in parallel: two threads faulted in 1 GiB in
+    half the time of one). Thread-safe. Disables itself for good the first time the kernel
+    refuses the call (``EINVAL``: a kernel before 5.14).
 
     Args:
-        threads: How many threads fault in memory (default: two, one where there is one CPU).
+        strategy: Huge pages or not, and how many threads fault memory in; default: the one
+            chosen for this machine (`engine.fobs.page_strategy.page_strategy_here`).
     """
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, strategy: PageStrategy | None = None) -> None:
+        self.strategy = strategy if strategy is not None else page_strategy_here()
         self._madvise = _load_madvise()
         self.enabled = self._madvise is not None
-        self._thread_count = threads or min(2, os.cpu_count() or 1)
+        self._thread_count = self.strategy.populate_threads
         self._queue: queue.SimpleQueue[weakref.ref[torch.Tensor]] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._state = threading.Condition()  # guards the threads, the counts and the figures
         self._pending = 0
-        self._huge_page_bytes = _huge_page_bytes() if self.enabled else None
+        self._huge_page_bytes = _huge_page_bytes() if self.enabled and self.strategy.huge_pages else None
         #: Bytes whose pages this populator asked the kernel to map (a figure for tests and logs).
         self.populated_bytes = 0
         #: Bytes it asked to be mapped with huge pages.
@@ -92,7 +100,7 @@ class PagePopulator:
         self.populate_seconds = 0.0
 
     def submit(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Queue contiguous CPU ``tensors`` to be faulted in, in the order given."""
+        """Prepare the pages of contiguous CPU ``tensors`` (queued to the threads in the order given)."""
         accepted = [t for t in tensors if t.device.type == "cpu" and t.is_contiguous() and t.nbytes >= MIN_BYTES]
         if not accepted or not self.enabled:
             return
@@ -100,6 +108,8 @@ class PagePopulator:
         advised = sum(self._advise_huge_pages(t) for t in accepted) if self._huge_page_bytes else 0
         with self._state:
             self.huge_advised_bytes += advised
+            if not self._thread_count:  # no threads: pages fault in as the copy first writes them
+                return
             self._pending += len(accepted)
             while len(self._threads) < self._thread_count:
                 name = f"flengine-page-populator-{len(self._threads) + 1}"
@@ -157,10 +167,11 @@ class PagePopulator:
         return 0
 
 
-#: The process's populator, fed by downloads into fresh memory.
+#: The process's populator, fed by downloads into fresh memory, with this machine's strategy.
 PAGE_POPULATOR = PagePopulator()
+logger.debug("page strategy: %s (%s)", PAGE_POPULATOR.strategy.name, PAGE_POPULATOR.strategy.reason)
 
 
 def populate_in_background(tensors: Iterable[torch.Tensor]) -> None:
-    """Fault in the memory of ``tensors`` on the process's populator threads, in order."""
+    """Prepare the new memory of ``tensors`` as this machine's page strategy says (see the module)."""
     PAGE_POPULATOR.submit(tensors)

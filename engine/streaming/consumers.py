@@ -114,9 +114,9 @@ class MemoryConsumer(StreamConsumer):
     """Builds a dict of CPU tensors, each allocated once and filled in place as chunks land.
 
     The tensors come from `engine.fobs.tensor_pool`: a download reuses the memory of an earlier
-    one that is no longer in use. New memory gets huge pages and is faulted in on background
-    threads, in the order the chunks will fill it (`engine.fobs.page_populator`), instead of
-    page by page as they land.
+    one that is no longer in use. New memory gets its pages as this machine's page strategy says
+    (`engine.fobs.page_populator`): huge pages or small ones, faulted in on background threads in
+    the order the chunks will fill it, or inline as the chunks land where no core is spare.
 
     Args:
         layout: The stream's layout.

@@ -9,7 +9,9 @@ import threading
 import pytest
 import torch
 
-from engine.fobs.page_populator import MIN_BYTES, PAGE_POPULATOR, PagePopulator
+from engine.fobs import page_populator
+from engine.fobs.page_populator import MIN_BYTES, PagePopulator
+from engine.fobs.page_strategy import OVERRIDE_ENV, PageStrategy, choose_page_strategy, machine_facts
 from engine.fobs.tensor_pool import TENSOR_POOL
 from engine.streaming.consumers import MemoryConsumer
 from engine.streaming.layout import StreamLayout
@@ -54,9 +56,13 @@ def transparent_huge_pages_on() -> bool:
         return False
 
 
+HUGE_IN_BACKGROUND = PageStrategy(huge_pages=True, populate_threads=2)
+
+
 @pytest.fixture
 def populator() -> PagePopulator:
-    populator = PagePopulator()
+    """A populator that takes huge pages and faults in on two threads, whatever this machine chose."""
+    populator = PagePopulator(HUGE_IN_BACKGROUND)
     if not populator.enabled:
         pytest.skip("no madvise(MADV_POPULATE_WRITE) here (Linux 5.14 and later)")
     return populator
@@ -105,7 +111,7 @@ def test_large_new_memory_is_mapped_with_huge_pages(populator: PagePopulator) ->
 
 
 def test_two_threads_fault_in_a_whole_model(populator: PagePopulator) -> None:
-    two = PagePopulator(threads=2)
+    two = PagePopulator(PageStrategy(huge_pages=False, populate_threads=2))
     layers = [torch.empty(16 * MIB, dtype=torch.uint8) for _ in range(8)]
     threads_before = populator_thread_count()
 
@@ -128,22 +134,59 @@ def test_small_non_contiguous_and_dropped_tensors_are_left_alone(populator: Page
     assert populator.populated_bytes == 0
 
 
-def test_a_download_into_new_memory_is_populated_and_one_into_reused_memory_is_not() -> None:
-    if not PAGE_POPULATOR.enabled:
-        pytest.skip("no madvise(MADV_POPULATE_WRITE) here (Linux 5.14 and later)")
+def test_without_threads_new_memory_faults_in_only_as_it_is_written() -> None:
+    inline = PagePopulator(PageStrategy(huge_pages=False, populate_threads=0))
+    tensor = torch.empty(64 * MIB, dtype=torch.uint8)
+    threads_before = populator_thread_count()
+
+    inline.submit([tensor])
+    assert inline.wait_idle()
+
+    assert (inline.populated_bytes, inline.huge_advised_bytes) == (0, 0)
+    assert populator_thread_count() == threads_before
+    assert resident_fraction(tensor) < 0.1  # nothing mapped it ahead of the writer
+    tensor[: 16 * MIB].fill_(7)
+    assert 0.24 <= resident_fraction(tensor) < 0.35  # what was written, and only that
+
+
+def test_huge_pages_without_threads_are_advised_but_not_populated() -> None:
+    if not transparent_huge_pages_on():
+        pytest.skip("transparent huge pages are off here")
+    advising = PagePopulator(PageStrategy(huge_pages=True, populate_threads=0))
+    tensor = torch.empty(64 * MIB, dtype=torch.uint8)
+
+    advising.submit([tensor])
+    assert advising.wait_idle()
+
+    assert advising.populated_bytes == 0
+    assert tensor.nbytes - 4 * MIB <= advising.huge_advised_bytes <= tensor.nbytes
+    assert resident_fraction(tensor) < 0.1
+    tensor.fill_(1)
+    assert huge_page_mib(tensor) >= 32  # written: mapped with huge pages, as advised
+
+
+def test_a_download_into_new_memory_is_populated_and_one_into_reused_memory_is_not(
+    populator: PagePopulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(page_populator, "PAGE_POPULATOR", populator)  # as a machine that populates
     tensors = {"weight": torch.randn(1024, 1024), "bias": torch.randn(16)}
     layout = StreamLayout.of_tensors(tensors)
     TENSOR_POOL.clear()  # no memory of earlier tests to reuse
-    start = PAGE_POPULATOR.populated_bytes
 
     first = MemoryConsumer(StreamLayout.parse(layout.header), MIB)
-    assert PAGE_POPULATOR.wait_idle()
-    populated = PAGE_POPULATOR.populated_bytes - start
+    assert populator.wait_idle()
+    populated = populator.populated_bytes
     first.abort()
     del first
     again = MemoryConsumer(StreamLayout.parse(layout.header), MIB)  # the weight's memory, reused
-    assert PAGE_POPULATOR.wait_idle()
+    assert populator.wait_idle()
 
     assert populated == 4 * MIB  # the weight; the 64-byte bias is too small to matter
-    assert PAGE_POPULATOR.populated_bytes - start == populated
+    assert populator.populated_bytes == populated
     again.abort()
+
+
+def test_the_process_populator_takes_the_strategy_chosen_for_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(OVERRIDE_ENV, raising=False)
+
+    assert PagePopulator().strategy == choose_page_strategy(machine_facts())
