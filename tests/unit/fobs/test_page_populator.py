@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine.fobs import page_populator
+from engine.fobs.mapped import mapped_empty
 from engine.fobs.page_populator import MIN_BYTES, PagePopulator
 from engine.fobs.page_strategy import OVERRIDE_ENV, PageStrategy, choose_page_strategy, machine_facts
 from engine.fobs.tensor_pool import TENSOR_POOL
@@ -69,7 +70,7 @@ def populator() -> PagePopulator:
 
 
 def test_new_memory_becomes_resident_without_being_written(populator: PagePopulator) -> None:
-    tensor = torch.empty(64 * MIB, dtype=torch.uint8)  # above glibc's mmap threshold: untouched pages
+    tensor = mapped_empty(64 * MIB)  # a mapping of its own: untouched pages, whatever the heap holds
     assert resident_fraction(tensor) < 0.1
 
     populator.submit([tensor])
@@ -136,7 +137,7 @@ def test_small_non_contiguous_and_dropped_tensors_are_left_alone(populator: Page
 
 def test_without_threads_new_memory_faults_in_only_as_it_is_written() -> None:
     inline = PagePopulator(PageStrategy(huge_pages=False, populate_threads=0))
-    tensor = torch.empty(64 * MIB, dtype=torch.uint8)
+    tensor = mapped_empty(64 * MIB)  # untouched pages, whatever the heap holds
     threads_before = populator_thread_count()
 
     inline.submit([tensor])
@@ -153,7 +154,7 @@ def test_huge_pages_without_threads_are_advised_but_not_populated() -> None:
     if not transparent_huge_pages_on():
         pytest.skip("transparent huge pages are off here")
     advising = PagePopulator(PageStrategy(huge_pages=True, populate_threads=0))
-    tensor = torch.empty(64 * MIB, dtype=torch.uint8)
+    tensor = mapped_empty(64 * MIB)  # untouched pages, whatever the heap holds
 
     advising.submit([tensor])
     assert advising.wait_idle()
