@@ -116,7 +116,9 @@ class MessageCodec:
         context = self.context
         changes: dict[str, Any] = {}
         if place is not None or fold is not None:
-            peek = replace(context, peek=True, **({"sender": sender} if sender is not None else {}))
+            # The peek lists the message's downloads in ``held`` too: a result refused at its
+            # header is never pulled, and `release_held` then frees it on its sender at once.
+            peek = replace(context, peek=True, held=held, **({"sender": sender} if sender is not None else {}))
             peeked = deserialize(frames[0], frames[1:], DecodeContext(props={STREAMING_PROP: peek}), self._registry)
             sink = fold(peeked) if fold is not None else None
             if sink is not None:

@@ -381,8 +381,11 @@ def report_done(cell: Cell, source: str, ref: str) -> None:
 
 
 def release_held(cell: Cell, held: Iterable[HeldDownload]) -> None:
-    """Report done for downloads pulled with ``held`` (see `download_tensors`): their senders free them."""
-    for source, ref in held:
+    """Report done for downloads pulled with ``held`` (see `download_tensors`): their senders free them.
+
+    Each ``(source, ref)`` is reported once, however often it is listed.
+    """
+    for source, ref in dict.fromkeys(held):
         report_done(cell, source, ref)
 
 

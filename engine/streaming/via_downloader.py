@@ -236,6 +236,8 @@ class _ViaDownloader(ABC):
             raise SerializationError(f"malformed reference to streamed {self.kind}: {e}") from e
         check_owner(context, owner, self.kind)
         if context.peek:
+            if context.held is not None:  # never pulled if refused now: its sender may be told so
+                context.held.append((owner, ref))
             ctx.state[self.kind] = _PEEKED
             return
         consumer_factory = context.consumer_factory

@@ -217,6 +217,10 @@ def test_a_refused_result_is_refused_before_any_chunk_and_the_sum_is_untouched(
     assert list(entry.failed) == ["site-3"] and reason in entry.failed["site-3"], entry.failed
     assert swarm.served("site-3") == 0  # not one chunk pulled
     assert entry.fold.sums.tainted() == {}
+    deadline = time.monotonic() + 5  # and its trainer was told to free it, not left to hold it
+    while swarm.open_offers("site-3") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert swarm.open_offers("site-3") == 0
     mean = aggregate(swarm, entry, 2)
     assert_close(mean, independent_mean(["site-1", "site-2"]))
 
