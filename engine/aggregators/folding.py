@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -53,6 +54,11 @@ from engine.aggregators.weighted import (
 from engine.model import FLModel, ParamsType
 
 logger = logging.getLogger(__name__)
+
+#: A rebuild gives every result this many times as long as its first pull took to come again...
+REBUILD_SLOWDOWN = 3.0
+#: ...and never less than this many seconds; one still pulling then is left out.
+MIN_REBUILD_S = 30.0
 
 #: ``check(params)``: the workflow's checks of a result's layout (name -> meta tensor); raises ValueError.
 LayoutCheck = Callable[[dict[str, torch.Tensor]], None]
@@ -103,6 +109,9 @@ class ResultFold:
         self.round = 0
         #: Whether it is being folded again by `FoldingModelAggregator.rebuild`.
         self.rebuilding = False
+        self.opened_at = time.monotonic()
+        #: Seconds from its header to its commit the first time (what a rebuild allows it, times a factor).
+        self.pull_seconds = 0.0
 
     def again(self) -> ResultFold:
         """A fresh fold of the same result (weight, checks, receiver's hooks), for `FoldingModelAggregator.rebuild`."""
@@ -116,7 +125,7 @@ class ResultFold:
             self._check_tensor,
         )
         fold.refold, fold.release, fold.metrics, fold.round = self.refold, self.release, self.metrics, self.round
-        fold.rebuilding = True
+        fold.rebuilding, fold.pull_seconds = True, self.pull_seconds
         return fold
 
     def let_go(self) -> None:
@@ -415,19 +424,25 @@ class FoldingModelAggregator(ModelAggregator):
             if self._open.get(fold.contributor) is not fold or not fold.folded == fold.expected == names:
                 return False
             del self._open[fold.contributor]
+            if not fold.rebuilding:
+                fold.pull_seconds = time.monotonic() - fold.opened_at
             self._committed[fold.contributor] = fold
             self._params_type = fold.params_type
             if fold.metrics:
                 self._metrics.add(fold.metrics, fold.weight, fold.contributor, fold.round)
             return True
 
-    def rebuild(self) -> dict[str, str]:
+    def rebuild(self, stop: threading.Event | None = None) -> dict[str, str]:
         """Make a tainted sum again from the committed results alone, pulling each once more.
 
         Call it after `close`, when `tainted` is not empty: every committed result is folded
         anew, all at once, into zeroed sums through its `ResultFold.refold`; one that has none
-        (it arrived whole, its values are gone) or whose pull fails is left out. A failure while
-        rebuilding taints the new sum, which is rebuilt again without it.
+        (it arrived whole, its values are gone), whose pull fails, or that is not in again within
+        `REBUILD_SLOWDOWN` times its first pull (at least `MIN_REBUILD_S`) is left out. A failure
+        while rebuilding taints the new sum, which is rebuilt again without it.
+
+        Args:
+            stop: Set when the job is stopping: the results still being pulled are left out.
 
         Returns:
             The results left out (site -> why); `tainted` is empty afterwards.
@@ -446,20 +461,30 @@ class FoldingModelAggregator(ModelAggregator):
                 self._sums, self._committed, self._tainted, self._open = {}, {}, {}, {}
                 self._metrics.reset_stats()
                 self._params_type = None
-                folds = [old.again() for old in committed if old.refold is not None]
+                stopping = stop is not None and stop.is_set()
+                folds = [] if stopping else [old.again() for old in committed if old.refold is not None]
                 self._open = {fold.contributor: fold for fold in folds}
+            if stopping:  # no mean will be made: nothing is pulled again
+                for old in committed:
+                    left_out.setdefault(old.contributor, "the job is stopping")
+                    old.let_go()
+                return left_out
             for old in committed:
                 if old.refold is None:
                     left_out[old.contributor] = "its result arrived whole and could not be folded again"
                     old.let_go()
-            failures = self._fold_again(folds)
+            failures = self._fold_again(folds, stop)
             for fold in folds:
                 if fold.contributor in failures:
                     left_out[fold.contributor] = failures[fold.contributor]
                     fold.let_go()
 
-    def _fold_again(self, folds: list[ResultFold]) -> dict[str, str]:
-        """Pull every fold's result once more, each on a thread of its own; return the ones that failed."""
+    def _fold_again(self, folds: list[ResultFold], stop: threading.Event | None) -> dict[str, str]:
+        """Pull every fold's result once more, each on a thread of its own; return the ones that failed.
+
+        One still pulling when its time is up (or ``stop`` is set) is failed: what it adds from
+        then on is refused, and what it added taints the sum (rebuilt again without it).
+        """
         failures: dict[str, str] = {}
 
         def run(fold: ResultFold) -> None:
@@ -473,11 +498,23 @@ class FoldingModelAggregator(ModelAggregator):
                 fold.fail(reason)
                 failures[fold.contributor] = reason
 
-        threads = [threading.Thread(target=run, args=(fold,), name=f"refold-{fold.contributor}") for fold in folds]
-        for thread in threads:
+        threads = {
+            fold.contributor: threading.Thread(target=run, args=(fold,), name=f"refold-{fold.contributor}", daemon=True)
+            for fold in folds
+        }
+        started = time.monotonic()
+        for thread in threads.values():
             thread.start()
-        for thread in threads:
-            thread.join()
+        for fold in folds:
+            limit_s = max(MIN_REBUILD_S, REBUILD_SLOWDOWN * fold.pull_seconds)
+            thread = threads[fold.contributor]
+            while thread.is_alive() and time.monotonic() - started < limit_s and not (stop and stop.is_set()):
+                thread.join(0.1)
+            if thread.is_alive():
+                why = "the job is stopping" if stop and stop.is_set() else f"not in again within {limit_s:.3g} s"
+                reason = f"its result could not be pulled again after another one failed midway: {why}"
+                fold.fail(reason)
+                failures.setdefault(fold.contributor, reason)
         return failures
 
     def _check_whole(self, params: Mapping[str, Any], contributor: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import threading
+import warnings
 
 import numpy as np
 import torch
@@ -30,11 +31,21 @@ def mapped_empty(nbytes: int) -> torch.Tensor:
 
 
 def read_only_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """``numel`` zeros of ``dtype`` that cost no memory: never write to them (they are shared)."""
+    """``numel`` zeros of ``dtype`` that cost no memory, shared by every caller.
+
+    The mapping is read-only: a write to them is a crash, never zeros that silently are not.
+    """
     nbytes = numel * dtype.itemsize
     global _zeros
     with _zeros_lock:
         if _zeros.numel() < nbytes:
-            _zeros = mapped_empty(max(nbytes, 2 * _zeros.numel()))
+            _zeros = _read_only_mapping(max(nbytes, 2 * _zeros.numel()))
         zeros = _zeros
     return zeros[:nbytes].view(dtype)
+
+
+def _read_only_mapping(nbytes: int) -> torch.Tensor:
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
+    with warnings.catch_warnings():  # torch warns that it cannot make the tensor read-only itself
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.frombuffer(mapping, dtype=np.uint8))

@@ -354,9 +354,16 @@ class ServerJob:
             # so the server never holds that model and a growing sum at once.
             idle_s = min(self.codec.context.per_request_timeout_s, FOLD_WAIT_IDLE_S)
             self.endpoint.service.wait_finished(offers, idle_s, self.abort_signal)
-        in_memory = not self.endpoint.receives_to_disk
-        with self._memory_slot if in_memory and receiver is None else contextlib.nullcontext():
-            return self._take_result(message, receiver)
+        slot = self._memory_slot if not self.endpoint.receives_to_disk else None
+        if receiver is None:
+            with slot or contextlib.nullcontext():
+                return self._take_result(message, receiver)
+        taken: list[threading.Lock] = []  # a result the workflow takes whole waits for the slot too
+        try:
+            return self._take_result(message, receiver, slot, taken)
+        finally:
+            for lock in taken:
+                lock.release()
 
     def _receiver_of(self, message: Message) -> Any:
         """The workflow's result receiver of this submit (folding, memory mode, no result filters), else None."""
@@ -364,7 +371,13 @@ class ServerJob:
             return None
         return self.queue.result_receiver(message.source, str(message.header.get("task_id", "")))
 
-    def _take_result(self, message: Message, receiver: Any = None) -> Reply:
+    def _take_result(
+        self,
+        message: Message,
+        receiver: Any = None,
+        whole_slot: threading.Lock | None = None,
+        taken: list[threading.Lock] | None = None,
+    ) -> Reply:
         site = message.source
         task_id = str(message.header.get("task_id", ""))
         task_name = str(message.header.get("task_name", ""))
@@ -391,6 +404,9 @@ class ServerJob:
                 sink.refold = functools.partial(self._refold, message.frames, site, limit, what)
                 sink.release = functools.partial(release_held, self.cell, held)
                 sinks.append(sink)
+            elif whole_slot is not None and taken is not None:  # pulled whole: one at a time, as above
+                whole_slot.acquire()
+                taken.append(whole_slot)
             return sink
 
         try:

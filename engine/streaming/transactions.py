@@ -118,9 +118,9 @@ class DownloadRegistry:
     def finish(self, ref: str, receiver: str) -> bool:
         """Record that ``receiver`` has everything; free the downloadable when all have. Return True if freed."""
         with self._lock:
-            transaction = self._transactions.get(ref)
-            if transaction is None:
-                return False
+            transaction = self._transactions.get(ref) if isinstance(ref, str) else None
+            if transaction is None or receiver not in transaction.receivers:
+                return False  # only a receiver it was offered to can say it is done
             transaction.done.add(receiver)
             if not transaction.receivers <= transaction.done:
                 return False

@@ -185,8 +185,8 @@ class RoundLoop(ModelController):
 
     def _run_rounds(self, area: DiskDownloadArea | None) -> None:
         aggregator = self.make_aggregator()
-        # Sites whose result failed midway once: their results are taken whole from then on, so
-        # a site cannot make the server pull every other result twice each round.
+        # Sites whose result was refused midway once: their results are taken whole from then on,
+        # so a site cannot make the server pull every other result twice each round.
         self._whole_from: set[str] = set()
         rng = random.Random(self.sample_seed)
         model = self.load_model()
@@ -261,9 +261,11 @@ class RoundLoop(ModelController):
     def _rebuild(self, aggregator: FoldingModelAggregator, accepted: list[str], current_round: int) -> None:
         """Make the round's sum again without the results that failed midway; drop the ones it could not redo."""
         tainted = aggregator.tainted()
-        self._whole_from.update(tainted)
         started = time.monotonic()
-        left_out = aggregator.rebuild()
+        left_out = aggregator.rebuild(self.abort_signal)
+        # Sites refused by the checks after part of their result was folded (a NaN in a later
+        # tensor) are received whole from then on; a site that died or was cut off is not.
+        self._whole_from.update(site for site in (*tainted, *left_out) if site in self.refused)
         for client, why in left_out.items():
             if client in accepted:
                 accepted.remove(client)
@@ -325,7 +327,7 @@ class RoundLoop(ModelController):
         is checked here (weight, type, a second result), its layout when the stream announces it,
         each tensor once complete (`check_result` on placeholders, then the values' rules). A
         refusal is recorded as the site's (``refused``) and fails the download. A site whose
-        result once failed midway (the sum had to be rebuilt) is received whole from then on.
+        result was once refused midway (the sum had to be rebuilt) is received whole from then on.
         """
         if header.get_return_code() is not ReturnCode.OK or client in self._whole_from:
             return None

@@ -143,6 +143,7 @@ class ResultIntake:
         self._rounds: dict[int, RoundGathering] = {}
         self._rounds_lock = threading.Lock()
         self._closed_up_to = -1  # rounds up to this one take no more results
+        self._stopping = threading.Event()  # set by `shutdown`: a rebuild then stops pulling
 
     @property
     def cell(self) -> Cell:
@@ -357,7 +358,7 @@ class ResultIntake:
         tainted = state.sums.tainted()
         if not tainted or len(entry.accepted) < minimum:
             return
-        left_out = state.sums.rebuild()
+        left_out = state.sums.rebuild(self._stopping)
         for site, why in left_out.items():
             entry.drop(site, why)
         log.warning(
@@ -377,6 +378,7 @@ class ResultIntake:
 
     def shutdown(self) -> None:
         """Stop pulling (the job ends) and let the trainers free the results of every round still open."""
+        self._stopping.set()
         self._pulls.shutdown(wait=True, cancel_futures=True)
         with self._rounds_lock:
             entries, self._rounds = list(self._rounds.values()), {}

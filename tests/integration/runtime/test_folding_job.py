@@ -102,7 +102,7 @@ def test_a_round_that_needed_a_result_failing_midway_fails_without_a_model(simul
 def test_a_result_failing_midway_is_left_out_and_the_sum_rebuilt_exactly(simulate, tmp_path: Path) -> None:
     job, initial = _job(
         tmp_path,
-        num_rounds=2,
+        num_rounds=3,
         num_clients=3,
         min_clients=2,
         script_args="--nan-site site-3",
@@ -112,14 +112,15 @@ def test_a_result_failing_midway_is_left_out_and_the_sum_rebuilt_exactly(simulat
     result, output = simulate(job)
 
     assert result.state is JobState.FINISHED_COMPLETED, output
-    _check_model(tmp_path / "workspace", initial, 2 * expected_delta(3, sites=[1, 2]))
+    _check_model(tmp_path / "workspace", initial, 3 * expected_delta(3, sites=[1, 2]))
     rounds = read_json(tmp_path / "workspace" / "summary.json")["rounds"]
-    assert [r["clients"] for r in rounds] == [["site-1", "site-2"]] * 2
+    assert [r["clients"] for r in rounds] == [["site-1", "site-2"]] * 3
     assert all("holds NaN or infinite values" in r["refused"]["site-3"] for r in rounds)
     assert abs(rounds[-1]["metrics"]["k"] - (100 + 2 * 200) / 300) < 1e-9  # site-3's metrics left out too
     log = (tmp_path / "workspace" / "server" / "log.txt").read_text()
     # Round 1: site-3's NaN comes after some of its tensors were folded: the sum is rebuilt.
-    # Round 2: site-3 is received whole, refused before anything of it is added: no rebuild.
+    # Rounds 2 and 3: site-3 is received whole (one at a time, in the memory slot), refused
+    # before anything of it is added: no rebuild.
     assert log.count("round sum tainted: contributor=site-3") == 1, log[-3000:]
     assert log.count("sum rebuilt without partly folded results: failed=['site-3'] left_out=[]") == 1
     assert "rebuilding the round's sum without partly folded results: failed=['site-3'] results=2" in log

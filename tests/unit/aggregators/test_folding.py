@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
-from engine.aggregators import WeightedModelAggregator, check_params_match
+from engine.aggregators import WeightedModelAggregator, check_params_match, folding
 from engine.aggregators.folding import FoldingModelAggregator
 from engine.model import FLModel, ParamsType
 
@@ -199,7 +202,13 @@ def test_a_second_result_and_another_params_type_are_refused() -> None:
 
 
 def _held_stream(
-    aggregator: FoldingModelAggregator, site: str, tensors: dict, steps: float, log: list, again: dict | None = None
+    aggregator: FoldingModelAggregator,
+    site: str,
+    tensors: dict,
+    steps: float,
+    log: list,
+    again: dict | None = None,
+    pull_again=None,
 ) -> None:
     """`_stream` of a result its sender still holds: ``refold`` pulls it again (``again``: other values then)."""
 
@@ -211,7 +220,7 @@ def _held_stream(
             fold.fold(name, tensor.clone())
 
     fold = aggregator.open_result(_header(steps), site, check_tensor=_finite)
-    fold.refold = refold
+    fold.refold = pull_again or refold
     fold.release = lambda: log.append(("release", site))
     fold.check_layout(_layout(tensors))
     for name, tensor in tensors.items():
@@ -294,3 +303,40 @@ def test_a_rebuild_refuses_a_result_whose_second_pull_breaks_the_rules() -> None
     assert list(left_out) == ["site-3"] and "NaN" in left_out["site-3"]
     assert log.count(("refold", "site-3")) == 1 and ("release", "site-3") in log
     assert torch.equal(aggregator.aggregate_model().params["w"], _result(1)["w"])
+
+
+@pytest.mark.parametrize("stopping", [False, True], ids=["too-slow", "job-stopping"])
+def test_a_result_that_does_not_come_again_in_time_is_left_out(monkeypatch: pytest.MonkeyPatch, stopping: bool) -> None:
+    monkeypatch.setattr(folding, "MIN_REBUILD_S", 0.5 if not stopping else 60.0)
+    log: list = []
+    aggregator = FoldingModelAggregator()
+    answer = threading.Event()
+
+    def stalling(fold) -> None:  # an honest first pull, then a sender that takes its time
+        fold.check_layout(_layout(_result(3)))
+        fold.fold("w", _result(3)["w"])
+        answer.wait(30)
+        fold.fold("b", _result(3)["b"])  # too late: refused, the rebuilt sum never sees it
+
+    _held_stream(aggregator, "site-1", _result(1), 1, log)
+    _held_stream(aggregator, "site-3", _result(3), 1, log, pull_again=stalling)
+    dying = aggregator.open_result(_header(1), "site-2")
+    dying.check_layout(_layout(_result(2)))
+    dying.fold("w", _result(2)["w"])
+    dying.fail("died")
+    stop = threading.Event()
+    if stopping:
+        threading.Timer(0.3, stop.set).start()
+
+    started = time.monotonic()
+    left_out = aggregator.rebuild(stop)
+    answer.set()
+
+    assert time.monotonic() - started < 10
+    assert aggregator.tainted() == {}
+    if stopping:  # no mean will be made: everything is left out, nothing waited for
+        assert "the job is stopping" in left_out["site-3"] and ("release", "site-1") in log
+        return
+    assert list(left_out) == ["site-3"] and "not in again within 0.5 s" in left_out["site-3"]
+    model = aggregator.aggregate_model()
+    assert model.meta["nr_aggregated"] == 1 and torch.equal(model.params["w"], _result(1)["w"])

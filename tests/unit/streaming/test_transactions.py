@@ -156,6 +156,16 @@ def test_a_held_download_outlives_its_timeout_until_its_receiver_is_done_or_it_i
     assert registry.drop([held_ref]) == []
 
 
+def test_only_a_receiver_can_say_it_is_done() -> None:
+    registry = DownloadRegistry()
+    served = downloadable()
+    ref = registry.add(served, ["server"], timeout_s=60)
+
+    assert not registry.finish(ref, "site-2")  # a peer it was not offered to
+    assert len(registry) == 1 and served.tensors
+    assert registry.finish(ref, "server") and len(registry) == 0
+
+
 def test_close_frees_everything() -> None:
     registry = DownloadRegistry()
     served = [downloadable() for _ in range(3)]
