@@ -144,6 +144,10 @@ class ResultIntake:
         self._rounds_lock = threading.Lock()
         self._closed_up_to = -1  # rounds up to this one take no more results
         self._stopping = threading.Event()  # set by `shutdown`: a rebuild then stops pulling
+        self._refused_sites: set[str] = set()  # sites whose result the checks refused while it streamed
+        # Sites refused midway once (the sum had to be rebuilt): their results are taken whole
+        # from then on, so a trainer cannot make every other result be pulled twice each round.
+        self._whole_from: set[str] = set()
 
     @property
     def cell(self) -> Cell:
@@ -266,6 +270,8 @@ class ResultIntake:
         """
         if not isinstance(peeked, Shareable) or peeked.get_return_code() is not ReturnCode.OK:
             return None  # refused whole, as before
+        if site in self._whole_from:
+            return None
         dxo = acceptable_dxo(peeked, entry.number, state.kind)
         items = _streamed_items(dxo.data)
         reference = _layout_of_base(entry)
@@ -277,7 +283,11 @@ class ResultIntake:
             check_params_match({name: reference[name] for name in params if name in reference}, params, site)
 
         def check_tensor(name: str, values: torch.Tensor) -> None:
-            self.rules.check_values({name: values}, site)
+            try:
+                self.rules.check_values({name: values}, site)
+            except ValueError:
+                self._refused_sites.add(site)
+                raise
 
         return state.sums.open_result(header, site, items, check_layout, check_tensor)
 
@@ -359,6 +369,7 @@ class ResultIntake:
         if not tainted or len(entry.accepted) < minimum:
             return
         left_out = state.sums.rebuild(self._stopping)
+        self._whole_from.update(site for site in (*tainted, *left_out) if site in self._refused_sites)
         for site, why in left_out.items():
             entry.drop(site, why)
         log.warning(

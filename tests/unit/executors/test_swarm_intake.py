@@ -98,16 +98,16 @@ class Swarm:
     intake: ResultIntake
     offers: dict[str, list[str]]
 
-    def round(self) -> RoundGathering:
-        entry = self.intake.round(0, lambda _entry: None)
+    def round(self, number: int = 0) -> RoundGathering:
+        entry = self.intake.round(number, lambda _entry: None)
         entry.set_base(DXO(DataKind.WEIGHTS, base_params()).to_shareable())
         return entry
 
-    def send(self, site: str, shareable: Shareable) -> Message:
-        """``site`` offers its result to site-1 (as a trainer's `_submit` does)."""
+    def send(self, site: str, shareable: Shareable, number: int = 0) -> Message:
+        """``site`` offers its result of round ``number`` to site-1 (as a trainer's `_submit` does)."""
         offers = self.offers.setdefault(site, [])
         frames = self.codecs[site].encode(shareable, receivers=["site-1"], offers=offers)
-        return self.cells[site].request("site-1", CCWF_CHANNEL, TOPIC, {"round": 0, "ok": True}, frames, 10)
+        return self.cells[site].request("site-1", CCWF_CHANNEL, TOPIC, {"round": number, "ok": True}, frames, 10)
 
     def served(self, site: str) -> int:
         return self.services[site].chunks_served
@@ -243,6 +243,17 @@ def test_a_result_failing_after_some_chunks_were_folded_is_never_in_the_mean(swa
     assert swarm.served("site-2") == 2 * served_once  # pulled once more into the rebuilt sum
     assert_close(mean, independent_mean(["site-1", "site-2"]))
     assert_close(mean, whole_path_mean(["site-1", "site-2"]))
+
+    # The next round takes site-3's result whole: refused before anything of it is added.
+    following = swarm.round(1)
+    swarm.intake.take_own(following, "site-1", result("site-1", current_round=1))
+    swarm.send("site-2", result("site-2", current_round=1), number=1)
+    swarm.send("site-3", result("site-3", params=poisoned, current_round=1), number=1)
+    wait_answered(following, SITES)
+
+    assert "NaN or infinite values in 'c'" in following.failed["site-3"]
+    assert following.fold.sums.tainted() == {}  # no rebuild this time
+    assert_close(aggregate(swarm, following, 2), independent_mean(["site-1", "site-2"]))
 
 
 def test_a_result_that_cannot_be_pulled_again_is_left_out_of_the_rebuilt_sum(swarm: Swarm) -> None:
