@@ -13,7 +13,7 @@ from pathlib import Path
 from engine.cells import Cell
 from engine.deploy.archive import archive_digest
 from engine.errors import FlengineError
-from engine.streaming.service import DEFAULT_MIN_THROUGHPUT, ByteBudget, download_file
+from engine.streaming.pull import DEFAULT_MIN_THROUGHPUT, ByteBudget, download_file
 
 #: Longest wait for one chunk of an archive, in seconds.
 ARCHIVE_REQUEST_TIMEOUT_S = 60.0

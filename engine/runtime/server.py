@@ -42,7 +42,7 @@ from engine.runtime.states import JobState
 from engine.runtime.transfer_progress import DownloadProgress
 from engine.site import SiteEndpoint, SiteSettings
 from engine.streaming.lazy import cleanup_lazy_refs
-from engine.streaming.service import HeldDownload, release_held
+from engine.streaming.pull import HeldDownload, release_held
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import torch
 from engine.errors import SerializationError
 from engine.fobs import DecodeContext, EncodeContext, Registry, deserialize, serialize
 from engine.streaming.folding import FoldingConsumer, TensorSink
-from engine.streaming.service import ByteBudget, ConsumerFactory, HeldDownload
+from engine.streaming.pull import ByteBudget, ConsumerFactory, HeldDownload
 from engine.streaming.via_downloader import (
     OFFERS_PROP,
     RECEIVERS_PROP,
@@ -108,7 +108,7 @@ class MessageCodec:
                 holds meta tensors in their places), else the message is received as without.
             held: Gets ``(sender, ref)`` of each tensor download instead of the sender being
                 told it is complete, so the same frames can be decoded (pulled) again, e.g.
-                into a new sum; `engine.streaming.service.release_held` lets the sender free
+                into a new sum; `engine.streaming.pull.release_held` lets the sender free
                 them. None: the sender is told at once.
         """
         if not frames:

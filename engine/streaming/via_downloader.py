@@ -36,15 +36,15 @@ from engine.fobs.arrays import NumpyArrayDecomposer, TensorDecomposer
 from engine.fobs.dtypes import is_supported
 from engine.streaming.consumers import MemoryConsumer
 from engine.streaming.lazy import LazyRef, LazyTensorDict
-from engine.streaming.service import (
+from engine.streaming.pull import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MIN_THROUGHPUT,
     ByteBudget,
     ConsumerFactory,
-    DownloadService,
     HeldDownload,
     download_tensors,
 )
+from engine.streaming.service import DownloadService
 
 #: Key of the `StreamingContext` in ``EncodeContext.props`` / ``DecodeContext.props``.
 STREAMING_PROP = "streaming"
@@ -86,7 +86,7 @@ class StreamingContext:
             instead of ``consumer_factory`` (a `FoldingConsumer` that folds them into a sum).
         held: When receiving one message: its tensor downloads are not reported done to the
             sender but listed here, so the message can be decoded (pulled) again; see
-            `engine.streaming.service.release_held`.
+            `engine.streaming.pull.release_held`.
     """
 
     cell: Cell

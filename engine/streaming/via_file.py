@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from engine.errors import FlengineError, SerializationError, StreamingError
 from engine.fobs import DecodeContext, Decomposer, EncodeContext
-from engine.streaming.service import download_file
+from engine.streaming.pull import download_file
 from engine.streaming.via_downloader import (
     DEFAULT_CHUNK_BYTES,
     RECEIVERS_PROP,

@@ -42,7 +42,7 @@ from engine.executors.ccwf.gathering import RoundGathering
 from engine.model import DXO, DataKind, FLModel, ParamsType, ReturnCode, Shareable, shown_round
 from engine.streaming.codec import MessageCodec
 from engine.streaming.lazy import cleanup_lazy_refs
-from engine.streaming.service import HeldDownload, release_held
+from engine.streaming.pull import HeldDownload, release_held
 from engine.streaming.via_downloader import StreamedItem
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from engine.cells.protocol import Kind
 from engine.errors import SerializationError, StreamingError
 from engine.security import load_secret_key, write_key_pair, write_site_key_folders
 from engine.site import SiteEndpoint, SiteSettings
-from engine.streaming.service import CHANNEL, TOPIC_CHUNK, TOPIC_INFO, download_tensors
+from engine.streaming.pull import download_tensors
+from engine.streaming.service import CHANNEL, TOPIC_CHUNK, TOPIC_INFO
 from tests.integration.security.zmtp_proxy import ZmtpProxy
 
 SITES = ["site-1", "site-2"]

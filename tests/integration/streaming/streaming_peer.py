@@ -20,7 +20,8 @@ import torch  # noqa: E402
 
 from engine.cells import Cell, CellSettings  # noqa: E402
 from engine.streaming.consumers import MemoryConsumer  # noqa: E402
-from engine.streaming.service import DownloadService, download_tensors  # noqa: E402
+from engine.streaming.pull import download_tensors  # noqa: E402
+from engine.streaming.service import DownloadService  # noqa: E402
 
 HEARTBEAT = {"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.0}
 CHUNK_BYTES = 256 * 1024

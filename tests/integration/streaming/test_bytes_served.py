@@ -6,7 +6,8 @@ import torch
 from safetensors.torch import save
 
 from engine.cells import Cell, CellSettings
-from engine.streaming.service import DownloadService, download_tensors
+from engine.streaming.pull import download_tensors
+from engine.streaming.service import DownloadService
 
 from .streaming_peer import CHUNK_BYTES, HEARTBEAT, seeded_tensors
 

@@ -15,7 +15,8 @@ import torch
 from engine.cells import Cell, CellSettings, Reply, Status
 from engine.errors import StreamingError
 from engine.streaming.consumers import DiskConsumer, MemoryConsumer
-from engine.streaming.service import CHANNEL, TOPIC_CHUNK, TOPIC_INFO, DownloadService, download_tensors
+from engine.streaming.pull import download_tensors
+from engine.streaming.service import CHANNEL, TOPIC_CHUNK, TOPIC_INFO, DownloadService
 
 from .streaming_peer import CHUNK_BYTES, HEARTBEAT, seeded_tensors
 

@@ -16,7 +16,8 @@ import torch
 from engine import fobs
 from engine.cells import Cell, CellSettings, Message, Reply
 from engine.errors import SerializationError, StreamingError
-from engine.streaming.service import DownloadService, download_tensors
+from engine.streaming.pull import download_tensors
+from engine.streaming.service import DownloadService
 from engine.streaming.via_downloader import RECEIVERS_PROP, STREAMING_PROP, StreamingContext, install_via_downloader
 from engine.streaming.via_file import ViaFileDecomposer
 

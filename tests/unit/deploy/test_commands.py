@@ -34,7 +34,8 @@ from engine.deploy.audit import read
 from engine.deploy.server import ServerDaemon
 from engine.provision import load_kit, load_project, provision
 from engine.site import SiteEndpoint, SiteSettings
-from engine.streaming.service import CHANNEL, TOPIC_CHUNK, TOPIC_DONE, download_file
+from engine.streaming.pull import download_file
+from engine.streaming.service import CHANNEL, TOPIC_CHUNK, TOPIC_DONE
 
 FEDAVG = Path(__file__).resolve().parents[3] / "jobs" / "fedavg"
 LONG_AGO = (datetime.now(timezone.utc) - timedelta(seconds=results.RESULTS_GRACE_S + 60)).isoformat()

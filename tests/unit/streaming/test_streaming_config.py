@@ -12,7 +12,7 @@ from engine.config.schema import check_document, top_level_defaults, with_defaul
 from engine.config.source import ConfigDocument
 from engine.errors import StreamingError
 from engine.streaming.consumers import DiskConsumer, MemoryConsumer
-from engine.streaming.service import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MIN_THROUGHPUT
+from engine.streaming.pull import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MIN_THROUGHPUT
 from engine.streaming.via_downloader import DEFAULT_CHUNK_BYTES, DEFAULT_PER_REQUEST_TIMEOUT_S, StreamingContext
 
 CELL = object()  # from_config only stores the cell and the service

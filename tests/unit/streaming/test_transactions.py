@@ -12,7 +12,7 @@ import torch
 from engine.errors import StreamingError
 from engine.streaming.downloadable import FileDownloadable, TensorDownloadable
 from engine.streaming.layout import StreamLayout
-from engine.streaming.service import ByteBudget
+from engine.streaming.pull import ByteBudget
 from engine.streaming.transactions import DownloadRefused, DownloadRegistry
 
 
