@@ -77,6 +77,15 @@ class MalformedMessageError(SerializationError):
     """Bytes received are not a well-formed FOBS message (truncated, garbage, over a limit)."""
 
 
+class JobArchiveError(FlengineError):
+    """A job archive cannot be packed or is refused on unpacking (`engine.deploy.archive`).
+
+    The message names the path or archive member and the rule it breaks, e.g.
+    ``job.zip: member '../evil.py': a '..' part would leave the job folder``, or the limit its
+    central directory is over: ``job.zip: more than 10000 members (600000 declared by its end record)``.
+    """
+
+
 class StreamingError(FlengineError):
     """A download cannot go on: a lying header, a chunk that does not fit, a failed consumer."""
 
@@ -134,4 +143,11 @@ class WorkflowError(FlengineError):
     """A workflow cannot go on: a client reported an error, progress stalled, too few clients are left.
 
     The message is the job's reason, so it names the client, the round and the setting involved.
+    """
+
+
+class CheckpointError(FlengineError):
+    """A workflow's checkpoint cannot be used to resume: a missing file, a digest that does not match, a bad record.
+
+    The message names the file, so a user can delete the checkpoint folder to start over, or restore it.
     """

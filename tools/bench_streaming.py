@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_streaming_raw  # noqa: E402
 import benchnet  # noqa: E402
 import zmq  # noqa: E402
+from bench_streaming_raw import rss_mb, usage  # noqa: E402,F401 - one home for measuring a process
 
 CHUNK_SIZES = (2 << 20, 8 << 20, 0)
 RECEIVER_COUNTS = (1, 4)
@@ -76,22 +77,6 @@ def cell_security(name: str):  # noqa: ANN201 - a CellSecurity, or None when ins
         allowlist = Allowlist({site: pair[0] for site, pair in keys.items() if site != "server"})
         return CellSecurity(public, secret, allowlist=allowlist)
     return CellSecurity(public, secret, server_public_key=keys["server"][0])
-
-
-def rss_mb(field: str = "VmRSS") -> float:
-    """This process's resident set (or, with ``VmHWM``, its peak) in MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def usage() -> tuple[float, float]:
-    """CPU seconds (user + system, all threads) and minor page faults of this process so far."""
-    import resource
-
-    now = resource.getrusage(resource.RUSAGE_SELF)
-    return now.ru_utime + now.ru_stime, float(now.ru_minflt)
 
 
 def streaming_registry():  # noqa: ANN201 - imported lazily so the parent stays light

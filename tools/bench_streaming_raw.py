@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import benchnet
 import numpy as np
@@ -29,6 +30,22 @@ import zmq
 
 #: Longest wait for one reply, in seconds.
 REPLY_TIMEOUT_S = 600.0
+
+
+def rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident set (or, with ``VmHWM``, its peak) in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def usage() -> tuple[float, float]:
+    """CPU seconds (user + system, all threads) and minor page faults of this process so far."""
+    import resource
+
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return now.ru_utime + now.ru_stime, float(now.ru_minflt)
 
 
 def chunk_plan(sizes: list[int], chunk_bytes: int) -> list[list[tuple[int, int, int]]]:
@@ -59,7 +76,6 @@ def byte_views(tensors: list[torch.Tensor]) -> list[np.ndarray]:
 
 def serve(size_mb: float, chunk_bytes: int, keys: dict[str, list[str]] | None, report: Callable[[str], None]) -> None:
     """Sender process: serve BenchNet's bytes until stdin closes."""
-    from bench_streaming import rss_mb  # the parent module: same measuring
 
     baseline = rss_mb()
     tensors = benchnet.state_dict(size_mb)
@@ -152,7 +168,6 @@ def receive(
     report: Callable[[str], None],
 ) -> None:  # fmt: skip
     """Receiver process: the first transfer into new tensors, the later ones into the same again."""
-    from bench_streaming import rss_mb, usage
 
     baseline = rss_mb()
     receiver = RawReceiver(endpoint, site, keys, in_flight)

@@ -20,7 +20,7 @@ from engine.aggregators.dxo_adapter import DXOAggregatorAsModel, ModelAggregator
 from engine.aggregators.dxo_aggregator import DXOAggregator, InTimeAccumulateWeightedAggregator
 from engine.aggregators.kept import KeptResultsAggregator
 from engine.aggregators.krum import KrumAggregator
-from engine.aggregators.rules import ResultRules, check_metric_ranges
+from engine.aggregators.rules import ResultRules, check_metric_ranges, default_metric_range
 from engine.aggregators.weighted import WeightedAggregationHelper, release_values, resolve_value
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "check_max_local_steps",
     "check_metric_ranges",
     "check_params_match",
+    "default_metric_range",
     "release_values",
     "resolve_value",
 ]

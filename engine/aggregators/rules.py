@@ -4,8 +4,9 @@ A site with a valid key can still send NaNs, an accuracy of 1e9 or a metric name
 escape codes. The workflows (FedAvg, ScatterAndGather, Swarm's aggregation client, cross-site
 evaluation) apply one `ResultRules` to every result: a result with a non-finite value is refused
 (that site's contribution alone, the round goes on), a metric that is not a finite number inside
-the range the job declares, or whose name is not a plain identifier, is dropped and logged; only
-accepted metrics are averaged and can make a model the "best".
+the range the job declares (or its default range, `default_metric_range`), or whose name is not a
+plain identifier, is dropped and logged; only accepted metrics are averaged and can make a model
+the "best".
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.aggregators.check import check_finite
+from engine.metric_ranges import default_metric_range
 from engine.model import DXO, DataKind, Shareable, shown_round
 
 logger = logging.getLogger(__name__)
@@ -60,7 +62,11 @@ class ResultRules:
 
     Attributes:
         allow_non_finite: Accept NaN and infinite values in results (off: such a result is refused).
-        metric_ranges: Metric name -> (low, high): a reported value outside is dropped.
+        metric_ranges: Metric name -> (low, high): a reported value outside is dropped. A metric
+            the job gives no range to is checked against its default (`default_metric_range`).
+
+    With every metric bounded, one site among n moves a round's weighted mean by at most its
+    weight's share of the range (and honest values, inside it, count exactly as before).
     """
 
     allow_non_finite: bool = False
@@ -118,6 +124,10 @@ class ResultRules:
                 _drop(contributor, current_round, name if isinstance(name, str) else repr(name), why)
         return accepted
 
+    def range_of(self, name: str) -> tuple[float, float] | None:
+        """The range ``name``'s values must lie in: the job's, else its default (`default_metric_range`)."""
+        return self.metric_ranges.get(name) or default_metric_range(name)
+
     def _refusal(self, name: Any, value: Any) -> str | None:
         if not isinstance(name, str) or not METRIC_NAME.fullmatch(name):
             return "not a plain metric name"
@@ -125,9 +135,10 @@ class ResultRules:
             return f"not a number ({type(value).__name__})"
         if not math.isfinite(value):
             return f"not finite ({value!r})"
-        bounds = self.metric_ranges.get(name)
+        bounds = self.range_of(name)
         if bounds is not None and not bounds[0] <= value <= bounds[1]:
-            return f"{value!r} is outside the job's range [{bounds[0]:g}, {bounds[1]:g}]"
+            whose = "the job's" if name in self.metric_ranges else "the default"
+            return f"{value!r} is outside {whose} range [{bounds[0]:g}, {bounds[1]:g}]"
         return None
 
 

@@ -25,7 +25,7 @@ from engine.cells.envelope import Envelope, encode_envelope
 from engine.cells.fqcn import check_fqcn
 from engine.cells.framing import frame_message
 from engine.cells.handlers import Handler, HandlerRegistry
-from engine.cells.io_thread import IoThread
+from engine.cells.io_thread import ForgetPeerCommand, IoThread
 from engine.cells.log_limit import REFUSALS
 from engine.cells.message import Message
 from engine.cells.outbox import Outbox
@@ -376,6 +376,15 @@ class Cell:
             raise CellClosedError(
                 f"cell {self._fqcn!r} stopped; message to {target!r} (channel={channel!r}, topic={topic!r}) not sent"
             )
+
+    def forget_peer(self, fqcn: str, reason: str) -> None:
+        """Server cell: unregister the cell ``fqcn`` (and its children) now, as its process is known to have ended.
+
+        Requests waiting for its replies fail UNREACHABLE with ``reason`` at once instead of after
+        the heartbeat timeout. A cell of that name that connects again registers afresh.
+        """
+        if not self._outbox.put(ForgetPeerCommand(fqcn, reason)):
+            raise CellClosedError(f"cell {self._fqcn!r} stopped")
 
     def broadcast(
         self,

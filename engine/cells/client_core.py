@@ -94,8 +94,12 @@ class ClientCore(CellCore):
         if kind is Kind.HELLO_ACK:
             self._on_hello_ack(envelope)
             return []
-        if kind is Kind.BYE:
-            return self.on_link_down(f"{self.fqcn}: the server {envelope.source} stopped", now_s)
+        if kind is Kind.BYE:  # the server stopped, or (reason given) it revoked this cell's key
+            if envelope.reason:
+                logger.error("server closed the registration: cell=%s reason=%s", self.fqcn, envelope.reason)
+                self.link_error = envelope.reason
+            why = envelope.reason or f"the server {envelope.source} stopped"
+            return self.on_link_down(f"{self.fqcn}: {why}", now_s)
         if kind is Kind.HELLO:
             self.count("unexpected_kind")
             return []

@@ -211,6 +211,10 @@ class CellCore(abc.ABC):
         self._next_sweep_s = now_s + self._tick_period_s
         return self._sweep(now_s)
 
+    def forget_peer(self, fqcn: str, reason: str) -> list[Action]:
+        """Unregister ``fqcn`` now and fail the requests waiting for it (a server's; a client has no peers)."""
+        return []
+
     @abc.abstractmethod
     def close(self) -> list[Action]:
         """Say goodbye to peers and fail every outstanding request with status closed."""

@@ -180,7 +180,7 @@ def _envelope_from_fields(fields: list[Any]) -> Envelope:
         raise CellProtocolError("envelope channel and topic must be strings")
     if reply_to is not None and not _is_id(reply_to):
         raise CellProtocolError(f"envelope reply_to {reply_to!r} is not a message id")
-    if status not in _STATUSES:
+    if not isinstance(status, str) or status not in _STATUSES:  # a list or map is unhashable
         raise CellProtocolError(f"envelope status {status!r} is unknown")
     if not isinstance(reason, str):
         raise CellProtocolError("envelope reason must be a string")

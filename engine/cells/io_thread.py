@@ -51,6 +51,14 @@ class StopCommand:
     deadline_s: float
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForgetPeerCommand:
+    """Outbox item of a server cell: unregister the cell now named ``fqcn`` (its process ended)."""
+
+    fqcn: str
+    reason: str
+
+
 class IoThread:
     """Runs the event loop of one cell on a dedicated daemon thread.
 
@@ -225,6 +233,9 @@ class IoThread:
         for item in self._outbox.drain():
             if isinstance(item, StopCommand):
                 stop = item
+                continue
+            if isinstance(item, ForgetPeerCommand):
+                self._guarded(self._core.forget_peer, item.fqcn, item.reason)
                 continue
             envelope, frames = item
             self._guarded(self._core.on_outgoing, envelope, frames, time.monotonic())

@@ -12,7 +12,9 @@ owns (``site-1``, ``site-1.job``; see :func:`~engine.cells.security.name_owned_b
 source of every message it sends, forwarded ones included, is the authenticated one. A second
 connection of the same identity that registers the same name replaces the first (a client that
 reconnects after a network failure looks like that); the first one's messages are refused from
-then on.
+then on. When an identity leaves the allowlist, the server's next sweep (within
+``min(heartbeat_interval_s / 2, 0.5)`` s) says BYE to each of its cells, with the reason, and
+unregisters them; ZeroMQ keeps the connection itself, but every message on it is refused.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ class ServerCore(CellCore):
     Args:
         authenticated: True when every connection carries an identity from its CURVE key (the
             cell has an allowlist); a message without one is then refused.
-        still_allowed: Whether an authenticated identity is still on the allowlist; a
-            connection whose identity was revoked since its handshake is refused every message
-            and its cells are unregistered. None: never revoked.
+        still_allowed: Whether an authenticated identity is still on the allowlist; the cells
+            of an identity revoked since its handshake are told BYE and unregistered at the
+            next sweep, and every further message of its connections is refused. None: never
+            revoked.
     """
 
     is_server = True
@@ -129,7 +132,7 @@ class ServerCore(CellCore):
 
     def _sweep(self, now_s: float) -> list[Action]:
         timeout_s = self._settings.heartbeat_timeout_s
-        actions: list[Action] = []
+        actions: list[Action] = self._drop_revoked()
         gone = self._peers.expire(now_s, timeout_s)
         if gone:  # before failing requests, so whoever they wake sees the peer gone
             self._peer_names = tuple(self._peers.names())
@@ -140,6 +143,23 @@ class ServerCore(CellCore):
         return actions
 
     # ----------------------------------------------------------------- helpers
+
+    def _drop_revoked(self) -> list[Action]:
+        """Say BYE to every cell whose identity left the allowlist, and unregister it."""
+        if self._still_allowed is None:
+            return []
+        actions: list[Action] = []
+        for name in self._peers.names():
+            peer = self._peers.get(name)
+            assert peer is not None
+            if peer.credential is None or self._still_allowed(peer.credential):
+                continue
+            self.count("revoked")
+            why = f"{self.fqcn}: the key of {peer.credential!r} is no longer on the allowlist"
+            bye = Envelope(Kind.BYE, self._next_id(), self.fqcn, name, reason=why)
+            actions.append(Send(peer.routing_id, [encode_envelope(bye)], bye))
+            actions += self._forget_peer(name, why)
+        return actions
 
     def _refuse_connection(self, routing_id: bytes, envelope: Envelope, fqcn: str | None) -> list[Action]:
         """Answer a message from a connection that did not register, or lies about its name."""
@@ -242,6 +262,17 @@ class ServerCore(CellCore):
         elif envelope.kind is Kind.REPLY and envelope.reply_to is not None:
             self._relay.complete(envelope.target, envelope.reply_to, replier=envelope.source)
         return [Send(peer.routing_id, frames, envelope, relayed=True)]
+
+    def forget_peer(self, fqcn: str, reason: str) -> list[Action]:
+        """Unregister ``fqcn`` (and its child cells) at once: its process is known to have ended.
+
+        Requests waiting for it fail UNREACHABLE with ``reason`` now, not after the heartbeat
+        timeout. A new connection of the same name registers afresh.
+        """
+        actions: list[Action] = []
+        for name in [n for n in self._peers.names() if n == fqcn or n.startswith(fqcn + ".")]:
+            actions += self._forget_peer(name, reason)
+        return actions
 
     def _forget_peer(self, fqcn: str, reason: str) -> list[Action]:
         if self._peers.remove(fqcn) is None:

@@ -175,11 +175,21 @@ def _parser() -> argparse.ArgumentParser:
             "a live status line per site and a bar per download, leaving one line per round; elsewhere one "
             "line per round) and a summary at the end; "
             "logs, models and summary.json are left in the workspace. With --format json the progress "
-            "goes to stderr and stdout gets summary.json's document alone. Exits 0 only when the job "
+            "goes to stderr and stdout gets summary.json's document alone. With --resume WORKSPACE, a run "
+            "that was killed (or failed) goes on from its last completed round. Exits 0 only when the job "
             "finished completed, 130 when interrupted, 2 on a usage error, 1 otherwise."
         ),
     )
-    run.add_argument("job", metavar="JOB", help="a job folder, e.g. jobs/fedavg")
+    run.add_argument("job", metavar="JOB", nargs="?", help="a job folder, e.g. jobs/fedavg")
+    run.add_argument(
+        "--resume",
+        default=None,
+        metavar="WORKSPACE",
+        help=(
+            "the workspace of a run that was killed: run its job again there, from the last completed "
+            "round (same job folder and clients; no JOB, -n, --workspace or --allow-dir)"
+        ),
+    )
     run.add_argument("-n", "--clients", type=int, default=None, metavar="N", help="clients (default: min_clients)")
     run.add_argument(
         "--workspace", default=None, metavar="DIR", help="a new or empty folder (default: workspace/<job>-<time>)"
@@ -319,23 +329,34 @@ def _new(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from engine.runtime.simulator import run_simulation  # torch and zmq load only for this command
+    from engine.runtime.simulator import resume_simulation, run_simulation  # torch and zmq load only here
 
+    if args.resume is not None:
+        given = [name for name, value in (("JOB", args.job), ("-n", args.clients), ("--workspace", args.workspace),
+                 ("--allow-dir", args.allow_dirs)) if value]  # fmt: skip
+        if given:
+            raise UsageError(f"--resume takes the run's own settings from its workspace; drop {', '.join(given)}")
+    elif args.job is None:
+        raise UsageError("flengine run: give a job folder (JOB), or --resume WORKSPACE")
     as_json = args.format == "json"
     with contextlib.ExitStack() as stack:
         if args.quiet and as_json:
             progress = stack.enter_context(open(os.devnull, "w", encoding="utf-8"))
         else:
             progress = sys.stderr if as_json else sys.stdout  # stdout holds the JSON document alone
-        result = run_simulation(
-            args.job,
-            args.clients,
-            args.workspace,
-            out=progress,
-            verbose=args.verbose,
-            allowed_dirs=args.allow_dirs,
-            live=False if args.quiet else None,
-        )
+        live = False if args.quiet else None
+        if args.resume is not None:
+            result = resume_simulation(args.resume, out=progress, verbose=args.verbose, live=live)
+        else:
+            result = run_simulation(
+                args.job,
+                args.clients,
+                args.workspace,
+                out=progress,
+                verbose=args.verbose,
+                allowed_dirs=args.allow_dirs,
+                live=live,
+            )
     if as_json:
         print_json(result.summary)
     return result.exit_code

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import logging
 import sys
 from pathlib import Path
 
@@ -122,6 +123,8 @@ def _poc(args: argparse.Namespace) -> int:
 def _admin(args: argparse.Namespace) -> int:
     from engine.deploy.console import run_admin
 
+    if not args.verbose:  # one command, one answer: a refused or lost connection is the one Error line
+        logging.getLogger("engine.cells").setLevel(logging.CRITICAL)
     return run_admin(args.kit, args.command, args.args, args.output, args.format)
 
 
@@ -147,6 +150,15 @@ def add_provision_command(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="revoke participants the project file no longer names: off the server's allowlist, kit deleted",
     )
+    provision.add_argument(
+        "--server-kit",
+        default=None,
+        metavar="[HOST:]DIR",
+        help=(
+            "where the server runs its kit (a folder, or HOST:PATH on another machine): also print the commands "
+            "that replace it with the new server kit (the running server picks it up without a restart)"
+        ),
+    )
     add_format(provision, "text (one line per kit, default) or json")
     add_verbose(provision)
     provision.set_defaults(handler=_provision)
@@ -154,6 +166,7 @@ def add_provision_command(commands: argparse._SubParsersAction) -> None:
 
 def _provision(args: argparse.Namespace) -> int:
     from engine.provision import inspect_project, provision  # zmq loads only for this command
+    from engine.provision.rollout import rollout_commands
 
     project, problems = inspect_project(args.project)
     if project is None:
@@ -164,9 +177,16 @@ def _provision(args: argparse.Namespace) -> int:
         if args.format == "json":
             print_json(error_document(message, ConfigError.exit_code, problems))
         return ConfigError.exit_code
+    server_kit = Path(args.output) / project.server.name
+    if args.server_kit is not None:  # a bad destination stops the command before anything is written
+        rollout_commands(server_kit, args.server_kit, first=False)
     report = provision(project, Path(args.output), remove=args.remove)
+    server = next(kit for kit in report.kits if kit.kind == "server")
+    rollout = []
+    if args.server_kit is not None and server.status != "kept":
+        rollout = rollout_commands(server_kit, args.server_kit, first=server.status == "created")
     if args.format == "json":
-        print_json(report.to_json())
+        print_json({**report.to_json(), **({"rollout": rollout} if args.server_kit is not None else {})})
         return 0
     width = max(len(kit.identity) for kit in report.kits)
     for kit in report.kits:
@@ -183,4 +203,9 @@ def _provision(args: argparse.Namespace) -> int:
         else "nothing to send"
     )
     print(f"project {report.project}: {summary}; {advice}")
+    if args.server_kit is not None and not rollout:
+        print(f"# the server kit did not change: nothing to roll out to {args.server_kit}")
+    elif rollout:
+        print(f"# roll the server kit out to {args.server_kit} (the running server picks it up, no restart):")
+        print("\n".join(rollout))
     return 0

@@ -1,8 +1,10 @@
 """The Client API that training scripts use: ``from engine import client as flare``.
 
 `init`, `receive`, `send`, `is_running`, `get_site_name`, `get_job_id`, `get_task_name`,
-`is_train`, `is_evaluate` and `log`; `fedprox_loss`, FedProx's proximal term for the script's
-loss, and `ScaffoldClient`, SCAFFOLD's control variates and step correction. The script runs in
+`is_train`, `is_evaluate` and `log`; `get_site_index`, `get_num_sites` and `get_job_sites`, this
+site's place among the job's sites (its data shard, whatever the site is called);
+`fedprox_loss`, FedProx's proximal term for the script's loss, and `ScaffoldClient`, SCAFFOLD's
+control variates and step correction. The script runs in
 a thread of the client process (``execution_mode = in_process``) or as its own process
 (``subprocess``); the calls are the same.
 
@@ -14,6 +16,9 @@ them afterwards raises `ParamsHandedOverError`, and the memory is reused by the 
 
 from engine.client.api import (
     get_job_id,
+    get_job_sites,
+    get_num_sites,
+    get_site_index,
     get_site_name,
     get_task_name,
     init,
@@ -43,6 +48,9 @@ __all__ = [
     "TaskItem",
     "fedprox_loss",
     "get_job_id",
+    "get_job_sites",
+    "get_num_sites",
+    "get_site_index",
     "get_site_name",
     "get_task_name",
     "init",

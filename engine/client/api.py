@@ -133,6 +133,53 @@ def get_job_id() -> str:
     return _backend().job_id
 
 
+def get_job_sites() -> list[str]:
+    """Every client site of the running job, in the same order on every site.
+
+    The runtime hands the list to the client job when it starts it: the simulator its clients
+    (``site-1`` .. ``site-N``), a production server the sites it placed the job on. Use
+    `get_site_index` and `get_num_sites` to give each site its own part of a data set: they
+    work whatever the sites are called.
+
+    Raises:
+        ClientAPIError: The client job was started without the list (the fix is in the message).
+    """
+    backend = _backend()
+    if not backend.job_sites:
+        raise ClientAPIError(
+            f"the job's sites are unknown to {backend.site_name}: its client job was started without them; "
+            "start it with `python -m engine.runtime.entry client ... --clients SITE,SITE` (as `flengine run` "
+            "and `flengine client start` do), or give each site its shard by an argument of its own"
+        )
+    return list(backend.job_sites)
+
+
+def get_site_index() -> int:
+    """This site's position in `get_job_sites` (0-based): which shard of the data is this site's.
+
+    Example:
+        >>> shard, num_shards = flare.get_site_index(), flare.get_num_sites()
+        >>> mine = samples[shard::num_shards]        # at site "lab-c" as at "site-3"
+
+    Raises:
+        ClientAPIError: The job's sites are unknown, or do not name this site.
+    """
+    sites = get_job_sites()
+    site = _backend().site_name
+    if site not in sites:
+        raise ClientAPIError(f"this site {site!r} is not among the job's sites {sites}: the runtime gave a wrong list")
+    return sites.index(site)
+
+
+def get_num_sites() -> int:
+    """How many client sites the job runs on: ``len(get_job_sites())``.
+
+    Raises:
+        ClientAPIError: The job's sites are unknown.
+    """
+    return len(get_job_sites())
+
+
 def get_task_name() -> str | None:
     """The name of the task received last (``train``, ``validate`` ...), None before the first."""
     current = _backend().current

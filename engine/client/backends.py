@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,16 +37,26 @@ ENV_ENDPOINT = "FLENGINE_CLIENT_API_ENDPOINT"
 ENV_SITE = "FLENGINE_SITE_NAME"
 ENV_JOB = "FLENGINE_JOB_ID"
 ENV_STREAMING = "FLENGINE_STREAMING"
+#: ... and the job's client sites, in order: a JSON list of names (see `Backend.job_sites`).
+ENV_JOB_SITES = "FLENGINE_JOB_SITES"
 #: How long one receive request waits for a task before the script asks again.
 RECEIVE_POLL_S = 2.0
 
 
 class Backend(ABC):
-    """What the Client API functions need from the side that runs the script."""
+    """What the Client API functions need from the side that runs the script.
 
-    def __init__(self, site_name: str, job_id: str) -> None:
+    Args:
+        site_name: This client's name.
+        job_id: The running job's id.
+        job_sites: Every client site of the job, in the order the runtime gave them (the same on
+            every site); empty where the runtime did not say.
+    """
+
+    def __init__(self, site_name: str, job_id: str, job_sites: Sequence[str] = ()) -> None:
         self.site_name = site_name
         self.job_id = job_id
+        self.job_sites = tuple(job_sites)
         self.current: TaskItem | None = None
 
     @abstractmethod
@@ -94,10 +105,18 @@ class InProcessBackend(Backend):
         site_name: This client's name.
         job_id: The running job's id.
         on_log: Called with ``(key, value, task)`` for every `log` call.
+        job_sites: Every client site of the job, in order (see `Backend`).
     """
 
-    def __init__(self, exchange: TaskExchange, site_name: str, job_id: str, on_log: Any = None) -> None:
-        super().__init__(site_name, job_id)
+    def __init__(
+        self,
+        exchange: TaskExchange,
+        site_name: str,
+        job_id: str,
+        on_log: Any = None,
+        job_sites: Sequence[str] = (),
+    ) -> None:
+        super().__init__(site_name, job_id, job_sites)
         self._exchange = exchange
         self._on_log = on_log
 
@@ -135,8 +154,9 @@ class SubprocessBackend(Backend):
         job_id: str,
         streaming: dict[str, Any],
         credentials: ScriptCredentials | None = None,
+        job_sites: Sequence[str] = (),
     ) -> None:
-        super().__init__(site_name, job_id)
+        super().__init__(site_name, job_id, job_sites)
         self._endpoint = SiteEndpoint.for_script(site_name, endpoint, credentials, streaming).start()
         self._cell = self._endpoint.cell
         self._codec = self._endpoint.codec
@@ -169,7 +189,8 @@ class SubprocessBackend(Backend):
             )
         streaming = json.loads(os.environ.get(ENV_STREAMING, "{}"))
         credentials = ScriptCredentials.from_environment(os.environ)
-        return cls(endpoint, os.environ.get(ENV_SITE, "site"), os.environ.get(ENV_JOB, "job"), streaming, credentials)
+        site, job = os.environ.get(ENV_SITE, "site"), os.environ.get(ENV_JOB, "job")
+        return cls(endpoint, site, job, streaming, credentials, job_sites_from_environment(os.environ))
 
     def receive(self, timeout_s: float | None) -> TaskItem | None:
         return self._receive(timeout_s, None)
@@ -222,6 +243,29 @@ class SubprocessBackend(Backend):
         if reply.header.get("error"):
             raise ClientAPIError(str(reply.header["error"]))
         return reply
+
+
+def job_sites_to_environment(job_sites: Sequence[str]) -> dict[str, str]:
+    """The variable that hands ``job_sites`` to a script run as its own process."""
+    return {ENV_JOB_SITES: json.dumps(list(job_sites))}
+
+
+def job_sites_from_environment(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The job's sites the executor put in ``environ`` (`job_sites_to_environment`); () where it put none.
+
+    Raises:
+        ClientAPIError: The variable is set but is not a JSON list of names.
+    """
+    text = environ.get(ENV_JOB_SITES)
+    if not text:
+        return ()
+    try:
+        sites = json.loads(text)
+    except ValueError:
+        sites = None
+    if not isinstance(sites, list) or not all(isinstance(site, str) for site in sites):
+        raise ClientAPIError(f"flare.init(): {ENV_JOB_SITES}={text[:200]!r} is not a JSON list of site names")
+    return tuple(sites)
 
 
 _lock = threading.Lock()

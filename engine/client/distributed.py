@@ -41,10 +41,17 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from engine.client.backends import ENV_ENDPOINT, ENV_JOB, ENV_SITE, Backend, SubprocessBackend
+from engine.client.backends import (
+    ENV_ENDPOINT,
+    ENV_JOB,
+    ENV_SITE,
+    Backend,
+    SubprocessBackend,
+    job_sites_from_environment,
+)
 from engine.client.broadcast import TaskChannel
 from engine.client.exchange import ClientAPIError, TaskItem
 from engine.model import FLModel
@@ -116,10 +123,11 @@ def connect_from_environment() -> Backend:
     if ranks.world_size == 1:
         return SubprocessBackend.from_environment()
     site, job = os.environ.get(ENV_SITE, "site"), os.environ.get(ENV_JOB, "job")
+    sites = job_sites_from_environment(os.environ)
     if ranks.is_leader:
-        return DistributedBackend(ranks, SubprocessBackend.from_environment(), site, job)
+        return DistributedBackend(ranks, SubprocessBackend.from_environment(), site, job, job_sites=sites)
     _forget_connection_settings(os.environ)
-    return DistributedBackend(ranks, None, site, job)
+    return DistributedBackend(ranks, None, site, job, job_sites=sites)
 
 
 def _forget_connection_settings(environ: Any) -> None:
@@ -141,6 +149,7 @@ class DistributedBackend(Backend):
         broadcast: Broadcasts a CPU tensor from rank 0 in place on every rank; by default
             ``torch.distributed.broadcast`` in the default group (when it runs gloo) or in a
             gloo group of every rank, made at the first `receive`.
+        job_sites: Every client site of the job, in order (see `Backend`).
     """
 
     def __init__(
@@ -151,12 +160,13 @@ class DistributedBackend(Backend):
         job_id: str,
         wait_slice_s: float = WAIT_SLICE_S,
         broadcast: Callable[[Any], None] | None = None,
+        job_sites: Sequence[str] = (),
     ) -> None:
         if (leader is not None) != ranks.is_leader:
             raise ValueError(f"rank {ranks.rank}: only rank 0 holds the connection to the executor")
         if wait_slice_s <= 0:
             raise ValueError(f"wait_slice_s: expected seconds > 0, got {wait_slice_s}")
-        super().__init__(site_name, job_id)
+        super().__init__(site_name, job_id, job_sites)
         self.ranks = ranks
         self._leader = leader
         self._wait_slice_s = wait_slice_s

@@ -20,6 +20,7 @@ from typing import Any
 from engine.config.build import ComponentSpec, check_component, is_nested_component
 from engine.config.custom_files import check_custom_files
 from engine.config.jobcode import job_code_on_path
+from engine.config.key_metric import check_key_metric_ranges
 from engine.config.layout import AppLayout, JobLayout, discover_layout
 from engine.config.problems import KeyPath, Problem
 from engine.config.schema import check_document, with_defaults
@@ -179,7 +180,7 @@ def _inspect_app(
 
 def _check_app_config(document: ConfigDocument, schema: str, app: AppLayout, build: bool) -> list[Problem]:
     """The problems of a loaded server or client config: schema, ids, components (built when ``build``)."""
-    found = check_document(document, schema) + _check_ids(document)
+    found = check_document(document, schema) + _check_ids(document) + check_key_metric_ranges(document)
     if build:
         found += _dry_build(document, app.custom_dir, reported={problem.key_path for problem in found})
     else:

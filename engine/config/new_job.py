@@ -1,8 +1,9 @@
 """`new_job`: write a job folder from one of the templates of `engine.templates` (``flengine new``).
 
-A template is ``engine/templates/<template>/`` (``meta.conf`` and ``app/config/``) plus the job
-code every template shares, ``engine/templates/custom/``, which becomes the job's ``app/custom/``.
-The job's name and its number of rounds are the two lines written differently from the template.
+A template is ``engine/templates/<template>/`` (``meta.conf`` and ``app/config/``) plus the
+training script every template shares, the digits example's ``engine/examples/train.py``, which
+becomes the job's ``app/custom/train.py``: a copy of the engine's own, to edit. The job's name and
+its number of rounds are the two lines written differently from the template.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ TEMPLATES = {
     "cse": "Swarm learning, then cross-site evaluation (every site validates every model)",
 }
 DEFAULT_TEMPLATE = "fedavg"
-#: The job code of every template, copied to ``app/custom/``.
-CUSTOM_FOLDER = "custom"
+#: The training script of every template (a file of this package), and where a new job gets it.
+TRAINING_SCRIPT = ("engine.examples", "train.py")
+TRAINING_SCRIPT_IN_JOB = "app/custom/train.py"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _NAME_LINE = re.compile(r"^name = .*$", re.MULTILINE)
 _ROUNDS_LINE = re.compile(r"^(\s*num_rounds = )\d+$", re.MULTILINE)
@@ -83,7 +85,8 @@ def new_job(
     refuse_used_folder(folder, "pick another NAME or --dir, or remove it")
     root = resources.files("engine.templates")
     contents = dict(_files_of(root / template))
-    contents.update({f"app/custom/{path}": data for path, data in _files_of(root / CUSTOM_FOLDER)})
+    package, script = TRAINING_SCRIPT
+    contents[TRAINING_SCRIPT_IN_JOB] = resources.files(package).joinpath(script).read_bytes()
     contents["meta.conf"] = _renamed(contents["meta.conf"], name, template)
     if num_rounds is not None:
         contents = {path: _with_rounds(path, data, num_rounds, template) for path, data in contents.items()}

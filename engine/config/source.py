@@ -150,14 +150,23 @@ def type_name(value: Any) -> str:
 
 def _parse_json(text: str, display: str) -> Any:
     try:
-        return json.loads(text)
+        return _loads_json(text)
     except json.JSONDecodeError as e:
         problem = Problem(display, e.lineno, (), f"invalid JSON: {e.msg} at column {e.colno}")
         raise ConfigError([problem]) from e
     except RecursionError as e:  # `scan_config` stops deep nesting first; this is the backstop
         message = f"objects and lists nest more than {MAX_NESTING_DEPTH} levels deep"
         raise ConfigError([Problem(display, None, (), message, "flatten it")]) from e
+
+
+def _loads_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
     except ValueError:  # an integer past Python's digit limit: read it as too large, and say where
+        # The second reading can still fail past that integer (text after it): its
+        # JSONDecodeError is then the file's problem, as for any other syntax error.
         return json.loads(text, parse_int=_int_or_infinite)
 
 

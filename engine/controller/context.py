@@ -51,7 +51,11 @@ class JobContext:
             None where the runtime has none.
         status_reports: The clients' latest status reports of a client-controlled workflow
             (see `client_status`); None where the runtime has none.
-        dead_clients: The clients the runtime found dead (no heartbeats); None where it has none.
+        dead_clients: The clients the runtime found dead (their process ended, or no heartbeat
+            within the heartbeat timeout), with why (site -> reason); None where it has none.
+        checkpoint_dir: Where the workflow keeps what it needs to resume (see
+            `engine.workflows.checkpoint`); None: it keeps nothing.
+        resuming: The job was stopped and runs again: the workflow resumes from its checkpoint.
     """
 
     job_id: str = "job"
@@ -61,15 +65,22 @@ class JobContext:
     settings: Mapping[str, Any] = field(default_factory=dict)
     disk_downloads: Callable[[Path | None], AbstractContextManager[DiskDownloadArea]] | None = None
     status_reports: Callable[[str], Mapping[str, ReceivedStatus]] | None = None
-    dead_clients: Callable[[], set[str]] | None = None
+    dead_clients: Callable[[], Mapping[str, str] | set[str]] | None = None
+    checkpoint_dir: Path | None = None
+    resuming: bool = False
 
     def client_status(self, workflow: str) -> dict[str, ReceivedStatus]:
         """The latest status report of each client for ``workflow`` (a task name prefix), by site."""
         return {} if self.status_reports is None else dict(self.status_reports(workflow))
 
     def dead(self) -> set[str]:
-        """The clients that stopped answering heartbeats."""
+        """The clients found dead now (a client that came back is no longer)."""
         return set() if self.dead_clients is None else set(self.dead_clients())
+
+    def dead_reasons(self) -> dict[str, str]:
+        """The clients found dead now, with why each is (``"dead"`` where the runtime gives no reason)."""
+        dead = {} if self.dead_clients is None else self.dead_clients()
+        return dict(dead) if isinstance(dead, Mapping) else {client: "dead" for client in dead}
 
     def downloads_to_disk(self, folder: Path | None = None) -> AbstractContextManager[DiskDownloadArea]:
         """A ``with`` block inside which the tensors of received results go to disk first.

@@ -27,6 +27,9 @@ class Controller(ABC):
     Attributes:
         abort_signal: Set when the job is aborted; long loops in `run` should look at it.
         context: The job around the workflow (components, workspace, progress reports).
+        resumable: Whether the workflow resumes from its checkpoint when its job runs again after
+            the server stopped (``context.resuming``); a job whose unfinished workflow cannot
+            ends FINISHED_ABORTED with the reason instead.
 
     Example:
         >>> class OneRound(Controller):
@@ -41,6 +44,8 @@ class Controller(ABC):
         ...     def collect(self, client_task: ClientTask) -> None:
         ...         self.results[client_task.client] = client_task.result
     """
+
+    resumable: bool = False
 
     def __init__(self) -> None:
         self._queue: TaskQueue | None = None

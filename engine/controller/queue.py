@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from typing import Any
 
-from engine.controller.rules import TaskRule, shallow_copy
+from engine.controller.rules import BroadcastRule, TaskRule, shallow_copy
 from engine.controller.task import ClientTask, ResultRefused, Task, TaskCompletionStatus, run_callback
 from engine.model import ReservedHeaderKey, ReturnCode, Shareable
 
@@ -267,6 +267,40 @@ class TaskQueue:
             finished = self._sweep_locked(self._clock())
         logger.warning("client dead: client=%s", client)
         self._finish(finished)
+
+    def can_do_without(self, task_id: str, clients: set[str]) -> bool:
+        """Whether the task of client task ``task_id`` can still get the results it needs without ``clients``.
+
+        True when enough of its other targets remain for its ``min_responses`` (a broadcast); False
+        for any other kind of task, or one no longer open.
+        """
+        with self._lock:
+            entry, _ = self._open.get(task_id, (None, None))
+            if entry is None or not isinstance(entry.rule, BroadcastRule):
+                return False
+            targets = list(entry.task.targets or [])
+            required = entry.rule.min_responses or len(targets)
+            return len([target for target in targets if target not in clients]) >= required
+
+    def client_back(self, client: str) -> bool:
+        """``client``, once found dead, is alive again (its process was restarted): it may take new tasks.
+
+        Its client tasks that ended ``CLIENT_DEAD`` stay ended; a result of theirs is late.
+
+        Returns:
+            True when ``client`` was dead.
+        """
+        with self._lock:
+            back = client in self._dead
+            self._dead.discard(client)
+        if back:
+            logger.warning("client back: client=%s", client)
+        return back
+
+    def dead_clients(self) -> set[str]:
+        """The clients found dead and not back."""
+        with self._lock:
+            return set(self._dead)
 
     def check(self) -> None:
         """Apply the time-based rules: task timeouts, waits after min responses, turn timeouts."""

@@ -13,10 +13,11 @@ import json
 import secrets
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from engine.cells import Status
+from engine.cells import Cell, Message, Status
 from engine.config import validate_job
 from engine.deploy import protocol
 from engine.deploy.archive import archive_digest, pack_job, unpack_job
@@ -28,6 +29,8 @@ from engine.text import printable
 
 #: Seconds an admin session waits for the server to accept its connection.
 CONNECT_TIMEOUT_S = 10.0
+#: Seconds between two looks at whether the server refused the session's handshake while it waits.
+REFUSAL_CHECK_S = 0.05
 #: Seconds a command may take (a submit downloads the job; an abort waits for the job to stop).
 COMMAND_TIMEOUT_S = 120.0
 
@@ -63,11 +66,15 @@ class AdminSession:
             settings, {}, connect_to=self.kit.server.connect_address, cell_name=cell_name, workspace=Path.cwd()
         )
         self._endpoint = endpoint.start()
-        if not endpoint.cell.wait_connected(CONNECT_TIMEOUT_S):
+        if not _wait_admitted(endpoint.cell, CONNECT_TIMEOUT_S):
             error = endpoint.cell.link_error
             self.close()
             if error is not None:
-                raise SecurityError(settings.describe_refusal(error))
+                raise SecurityError(
+                    f"the server at {self.kit.server.connect_address} refused the kit of {self.kit.identity!r}: "
+                    f"{error}; the kit belongs to another project, or {self.kit.identity!r} was revoked "
+                    "(ask the project admin for a current kit)"
+                )
             raise AdminError(
                 f"the server at {self.kit.server.connect_address} did not answer within {CONNECT_TIMEOUT_S:g} s; "
                 "is it running, and does this kit belong to it?"
@@ -107,13 +114,7 @@ class AdminSession:
             reply = future.result(timeout=timeout_s + 5.0)  # the cell fails it at timeout_s
         except (CellError, concurrent.futures.TimeoutError) as e:
             raise AdminError(f"{name}: {e}") from e
-        if reply.status is Status.ERROR:  # the server refused or failed it: its reason is the message
-            raise AdminError(printable(reply.reason) or f"{name}: refused")  # it may quote a site's text
-        if reply.status is not Status.OK:
-            raise AdminError(f"{name}: the server did not answer ({reply.status.value}: {reply.reason})")
-        if not reply.frames:
-            return None
-        return json.loads(bytes(reply.frames[0]))
+        return answer_of(name, reply)
 
     def submit(self, job_folder: Path) -> dict[str, Any]:
         """Check the job here, send it, return the server's record of it (``job_id`` ...).
@@ -142,19 +143,17 @@ class AdminSession:
         target = Path(dest) / job_id
         if target.exists():
             raise UsageError(f"{target} exists already; remove it or download elsewhere (-o DIR)")
-        size = answer.get("size")
-        if type(size) is not int or size <= 0:
-            raise AdminError("download: the server announced no archive")
+        ref, size, digest = download_offer(answer)
         target.parent.mkdir(parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="flengine-download-"))
         try:
             archive = pull_archive(
                 self.endpoint.cell,
                 self.kit.server.name,
-                str(answer["ref"]),
+                ref,
                 folder / "results.zip",
                 size,
-                str(answer.get("digest")),
+                digest,
                 f"the results of job {job_id}",
             )
             return unpack_job(
@@ -162,3 +161,58 @@ class AdminSession:
             )
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wait_admitted(cell: Cell, timeout_s: float) -> bool:
+    """Wait until the server registers ``cell`` (True), refuses it or ``timeout_s`` passes (False).
+
+    After a refusal ``cell.link_error`` says why.
+
+    A refused handshake sets no event that could be waited on (ZeroMQ goes on retrying it), so
+    the wait for the registration is cut in slices of `REFUSAL_CHECK_S` and the refusal is read
+    between them: a wrong or revoked kit fails within a slice instead of the whole timeout.
+    """
+    deadline_s = time.monotonic() + timeout_s
+    while True:
+        left_s = deadline_s - time.monotonic()
+        if cell.wait_connected(max(0.0, min(REFUSAL_CHECK_S, left_s))):
+            return True
+        if cell.link_error is not None or left_s <= 0:
+            return False
+
+
+def answer_of(name: str, reply: Message) -> Any:
+    """The JSON answer of command ``name`` in the server's reply (None for a reply without a body).
+
+    Args:
+        name: The command, for messages.
+        reply: The server's reply, as the admin's cell received it.
+
+    Raises:
+        AdminError: The server refused or failed the command (its reason), did not answer, or
+            answered with a body that is not JSON.
+    """
+    if reply.status is Status.ERROR:  # the server refused or failed it: its reason is the message
+        raise AdminError(printable(reply.reason) or f"{name}: refused")  # it may quote a site's text
+    if reply.status is not Status.OK:
+        raise AdminError(f"{name}: the server did not answer ({reply.status.value}: {reply.reason})")
+    if not reply.frames:
+        return None
+    try:
+        return json.loads(bytes(reply.frames[0]))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError too
+        raise AdminError(f"{name}: the server's answer is not JSON ({type(e).__name__}: {e})") from e
+
+
+def download_offer(answer: Any) -> tuple[str, int, str]:
+    """The ``ref``, ``size`` and ``digest`` of the server's answer to ``download``.
+
+    Raises:
+        AdminError: The answer announces no archive.
+    """
+    if not isinstance(answer, dict):
+        raise AdminError(f"download: the server announced no archive (its answer is {type(answer).__name__})")
+    ref, size, digest = answer.get("ref"), answer.get("size"), answer.get("digest")
+    if type(size) is not int or size <= 0 or not isinstance(ref, str) or not isinstance(digest, str):
+        raise AdminError("download: the server announced no archive (expected a ref, a size > 0 and a digest)")
+    return ref, size, digest

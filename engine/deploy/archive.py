@@ -17,11 +17,13 @@ import re
 import shutil
 import stat
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import FlengineError
+from engine.deploy.zip_directory import DIRECTORY_BYTES_PER_MEMBER, check_directory
+from engine.errors import JobArchiveError
 
 #: Most members (files and folders) a job archive may hold.
 MAX_FILES = 10_000
@@ -40,19 +42,10 @@ _FOLDER_ATTR = ((stat.S_IFDIR | 0o755) << 16) | 0x10  # 0x10: the MS-DOS folder 
 _UNIX = 3
 _COMPRESS_LEVEL = 6
 _CHUNK_BYTES = 1 << 20
+_DIRECTORY_ENTRY_BYTES = 46 + 28  # a central directory header, and room for a ZIP64 extra field
 _ALLOWED_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate"}
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-class JobArchiveError(FlengineError):
-    """A job archive cannot be packed or is refused on unpacking.
-
-    The message names the path or archive member and the rule it breaks, e.g.
-    ``job.zip: member '../evil.py': a '..' part would leave the job folder``.
-    """
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -148,6 +141,12 @@ def _check_folder_limits(folder: Path, entries: list[_Entry], max_files: int, ma
     total = sum(e.size for e in entries)
     if total > max_bytes:
         raise JobArchiveError(f"{folder}: holds {total} bytes, over the limit of {max_bytes}")
+    directory = sum(_DIRECTORY_ENTRY_BYTES + len(e.name.encode("utf-8", "surrogateescape")) for e in entries)
+    if directory > max_files * DIRECTORY_BYTES_PER_MEMBER:
+        raise JobArchiveError(
+            f"{folder}: its names take {directory} bytes in an archive's directory, over the limit of "
+            f"{max_files * DIRECTORY_BYTES_PER_MEMBER} (shorten the paths)"
+        )
 
 
 def _write_entry(zf: zipfile.ZipFile, entry: _Entry) -> None:
@@ -220,7 +219,10 @@ def _check_name(name: str, label: str) -> list[str]:
 def unpack_job(archive: Path, dest: Path, *, max_files: int = MAX_FILES, max_bytes: int = MAX_BYTES) -> Path:
     """Extract a job archive into ``dest``, refusing anything unsafe; a refusal leaves nothing.
 
-    Every member is checked before the first byte is written: names (absolute, ``..``,
+    The archive's end records are read first, with constant memory (`check_directory`): a
+    member count over ``max_files`` or a central directory over ``DIRECTORY_BYTES_PER_MEMBER``
+    bytes a member is refused before `zipfile` builds its member list. Then every member is
+    checked before the first byte is written: names (absolute, ``..``,
     backslash, NUL or control characters, drive letters, duplicates also ignoring case), types
     (symlinks and other non-regular members), encryption and compression method, the member
     count and the declared sizes, and a compression ratio over `MAX_RATIO` on members over
@@ -245,6 +247,7 @@ def unpack_job(archive: Path, dest: Path, *, max_files: int = MAX_FILES, max_byt
     archive, dest = Path(archive), Path(dest)
     created = _prepare_dest(dest)
     try:
+        check_directory(archive, max_members=max_files, max_directory_bytes=max_files * DIRECTORY_BYTES_PER_MEMBER)
         with _open_archive(archive) as zf:
             members = zf.infolist()
             _check_members(archive, members, max_files, max_bytes)
@@ -277,6 +280,8 @@ def _open_archive(archive: Path) -> zipfile.ZipFile:
         return zipfile.ZipFile(archive)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError) as e:
         raise JobArchiveError(f"{archive}: not a readable zip archive: {e}") from e
+    except NotImplementedError as e:  # a member needs a newer zip version than zipfile reads
+        raise JobArchiveError(f"{archive}: not a zip archive this reader supports: {e}") from e
     except OSError as e:
         raise JobArchiveError(f"{archive}: cannot open: {e.strerror}") from e
 
@@ -336,8 +341,10 @@ def _extract_all(archive: Path, zf: zipfile.ZipFile, members: list[zipfile.ZipIn
                     os.close(_open_folder(root_fd, parts))
                 else:
                     written = _extract_file(zf, info, root_fd, parts, written, limit, label)
-            except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as e:
+            except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, zlib.error) as e:
                 raise JobArchiveError(f"{label}: corrupt: {e}") from e
+            except NotImplementedError as e:  # flag bits of patched data or strong encryption
+                raise JobArchiveError(f"{label}: uses a zip feature this reader does not support: {e}") from e
             except OSError as e:
                 raise JobArchiveError(f"{label}: cannot be written: {e.strerror or e}") from e
     finally:

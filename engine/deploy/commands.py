@@ -4,7 +4,8 @@ One request per command on ``admin/command``, header ``command`` plus its args; 
 one JSON body frame (`reply_json`), or an error reply whose reason the admin tool prints. The
 admin is the identity of the session's key (its cell is ``alice.<token>``), its role and org
 come from the server kit's ``participants.json``; `engine.deploy.authz` decides, and every
-command, allowed or not, is a line of the audit log.
+command, allowed or not, is a line of the audit log. A job the admin may not see (`visible`) is
+answered exactly as an id that names no job (`unknown_job`), whatever the command.
 
 What one admin may hold of the server is bounded: `MAX_SUBMITS_PER_ADMIN` submits in progress,
 `MAX_QUEUED_JOBS` jobs waiting, `MAX_DOWNLOADS_PER_ADMIN` download offers not yet pulled; a
@@ -14,15 +15,17 @@ served from that file.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.cells import Message, Reply, Status
 from engine.cells.log_limit import REFUSALS
@@ -33,10 +36,12 @@ from engine.deploy.audit import clip
 from engine.deploy.authz import authorize, visible
 from engine.deploy.job_store import JobRecord
 from engine.deploy.results import results_settled
-from engine.deploy.server import ServerDaemon, reply_json
 from engine.deploy.transfer import pull_archive
 from engine.errors import FlengineError
 from engine.provision.project import Participant
+
+if TYPE_CHECKING:  # the daemon starts these commands; they only need its type
+    from engine.deploy.server import ServerDaemon
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +182,10 @@ class AdminCommands:
             return self._refuse(
                 user.name, "download", f"job {record.job_id} is {record.status}; download it once it ended"
             )
+        deadline = time.monotonic() + protocol.RESULTS_WAIT_S
+        while record.results_pending and time.monotonic() < deadline:  # the sites hand them in within seconds
+            time.sleep(0.1)
+            record = self.daemon.store.get(record.job_id)
         folder = self._new_offer(user.name)
         if folder is None:
             return self._refuse(
@@ -339,6 +348,10 @@ class AdminCommands:
         """The job the message names, and a refusal unless ``user`` may take ``rule`` (default ``action``) on it."""
         job_id = str(message.header.get("job_id", ""))
         record = self.daemon.store.get(job_id)  # a bad or unknown id raises JobStoreError: the reply
+        if not visible(user, record.submitter, record.submitter_org):
+            # answered as an id that does not exist, so that no answer tells that another org's job exists
+            hidden = f"the job is not visible to {user.role} {user.name}"
+            return record, self._refuse(user.name, action, hidden, job=job_id, answer=unknown_job(job_id))
         denied = authorize(user, rule or action, job_submitter=record.submitter, job_org=record.submitter_org)
         if denied:
             if rule:
@@ -352,10 +365,16 @@ class AdminCommands:
             described["waiting"] = self.daemon.waiting_reason(record.job_id) or "waiting for the scheduler"
         return described
 
-    def _refuse(self, actor: str, command: str, reason: str, **details: Any) -> Reply:
+    def _refuse(self, actor: str, command: str, reason: str, *, answer: str | None = None, **details: Any) -> Reply:
+        """Audit and log a refusal for ``reason``; the admin reads ``answer`` (default: the reason)."""
         self.daemon.audit.record(actor, command or "?", "refused", reason=reason, **details)
         REFUSALS.warning(log, "admin command refused: %s by %s: %s", clip(command), clip(actor), clip(reason))
-        return Reply(status=Status.ERROR, reason=reason)
+        return Reply(status=Status.ERROR, reason=reason if answer is None else answer)
+
+
+def unknown_job(job_id: str) -> str:
+    """What an admin reads for a job id that names no job, or a job they may not see: the job store's words."""
+    return f"no job {job_id}"
 
 
 def tail_lines(path: Path, lines: int = LOG_LINES, tail_bytes: int = LOG_TAIL_BYTES) -> list[str]:
@@ -401,3 +420,8 @@ def _byoc_refusal(user: Participant, job: Job) -> str | None:
         return None
     listed = "; ".join(code[:3]) + (f" and {len(code) - 3} more" if len(code) > 3 else "")
     return f"the job brings its own code ({listed}): {denied}"
+
+
+def reply_json(data: Any, status: Status = Status.OK, reason: str = "") -> Reply:
+    """A reply carrying ``data`` as one JSON body frame (what every admin command answers)."""
+    return Reply(frames=[json.dumps(data, default=str).encode("utf-8")], status=status, reason=reason)

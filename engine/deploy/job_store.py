@@ -51,7 +51,11 @@ RESULTS_FILE = "results.zip"
 RESULTS_CLAIM_PREFIX = ".taking-"
 JOB_ID_PATTERN = re.compile(r"^[0-9a-f]{12}$")
 #: Why `JobStore.recover` aborts a job that was running when the server stopped.
-SERVER_STOPPED_REASON = "the server stopped while the job ran"
+SERVER_STOPPED_REASON = "the server stopped while the job ran (when is not known)"
+#: The reason a job queued again by `JobStore.recover` shows until it runs.
+RESUMING_REASON = "resuming from its last completed round: the server stopped while it ran"
+#: How often a job is resumed after the server stopped; then it is aborted (a job that crashes the server).
+MAX_RESUMES = 3
 _STAGING_PREFIX = ".incoming-"
 _DELETING_PREFIX = ".deleting-"
 
@@ -123,6 +127,10 @@ class JobRecord:
         reason: Why it ended or was refused (empty otherwise).
         digest: SHA-256 (hex) of the submitted archive.
         port: The port its server job process listens on, while it runs, or None.
+        resumes: How often it was queued again to resume after the server stopped while it ran;
+            a SUBMITTED job with resumes > 0 resumes on the sites it ran on.
+        results_pending: Sites whose results have not come in yet, once the job ended (they
+            hand them in within seconds; a download waits for them).
     """
 
     job_id: str
@@ -137,12 +145,15 @@ class JobRecord:
     reason: str = ""
     digest: str = ""
     port: int | None = None
+    resumes: int = 0
+    results_pending: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
         # Normalise a StoreStatus member to its plain string, so records compare and serialise alike.
         object.__setattr__(self, "status", StoreStatus(self.status).value)
         object.__setattr__(self, "sites", list(self.sites))
+        object.__setattr__(self, "results_pending", list(self.results_pending))
 
     @property
     def is_final(self) -> bool:
@@ -185,8 +196,10 @@ def _checked(key: str, value: Any) -> Any:
         ok = isinstance(value, str)
     elif key in _OPTIONAL_STRING_FIELDS:
         ok = value is None or isinstance(value, str)
-    elif key == "sites":
+    elif key in ("sites", "results_pending"):
         ok = isinstance(value, list) and all(isinstance(site, str) for site in value)
+    elif key == "resumes":
+        ok = type(value) is int and value >= 0
     else:  # port
         ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
     if not ok:
@@ -314,14 +327,19 @@ class JobStore:
             _write_meta(folder / META_FILE, updated)
         return updated
 
-    def recover(self) -> list[JobRecord]:
-        """At server start: abort every job left RUNNING, and remove leftover staging folders and results claims.
+    def recover(self, resume: Callable[[JobRecord], bool] | None = None) -> list[JobRecord]:
+        """At server start: queue again or abort every job left RUNNING; remove leftover staging folders and claims.
 
         A results claim left by a stop mid-download would refuse that site's results, and keep
         the job's results from being packed once, for ever.
 
+        Args:
+            resume: Whether a job left RUNNING can resume (its server process kept checkpoints):
+                such a job, resumed fewer than `MAX_RESUMES` times, is SUBMITTED again with its
+                ``resumes`` counted up and `RESUMING_REASON`, its sites and port kept.
+
         Returns:
-            The jobs that were RUNNING, now FINISHED_ABORTED with reason `SERVER_STOPPED_REASON`.
+            The jobs that were RUNNING and are now FINISHED_ABORTED with reason `SERVER_STOPPED_REASON`.
         """
         with self._lock:
             for leftover in self.root.iterdir():
@@ -332,12 +350,18 @@ class JobStore:
                 workspace = self.root / record.job_id / WORKSPACE_FOLDER
                 for claim in workspace.glob(f"{RESULTS_CLAIM_PREFIX}*") if workspace.is_dir() else ():
                     shutil.rmtree(claim, ignore_errors=True)
+                if record.status == StoreStatus.RUNNING and resume is not None and resume(record):
+                    if record.resumes < MAX_RESUMES:
+                        self.update(record.job_id, status=StoreStatus.SUBMITTED, resumes=record.resumes + 1,
+                                    reason=RESUMING_REASON)  # fmt: skip
+                        logger.warning("job queued to resume job_id=%s resumes=%d", record.job_id, record.resumes + 1)
+                        continue
                 if record.status == StoreStatus.RUNNING:
                     aborted.append(
                         self.update(
                             record.job_id,
                             status=StoreStatus.FINISHED_ABORTED,
-                            finished_at=utc_now(),
+                            finished_at=None,  # when it stopped is not known: not the time of this restart
                             reason=SERVER_STOPPED_REASON,
                             port=None,
                         )

@@ -3,9 +3,10 @@
 ``data/digits.csv.gz`` is the UCI "Optical Recognition of Handwritten Digits" test set (1797
 8x8 images, pixel values 0..16, label last; E. Alpaydin and C. Kaynak, 1998, CC BY 4.0), as
 bundled with scikit-learn. Every client validates on the same 20% hold-out, so accuracies are
-comparable; the other 80% is dealt out to the shards. The jobs under ``jobs/`` and the job
-folders of ``flengine new`` train `Net` on it (their training script imports this module, their
-persistor names ``engine.examples.digits.Net``).
+comparable; the other 80% is dealt out to the shards, one a site (the Client API's
+``get_site_index`` of ``get_num_sites``). The jobs under ``jobs/`` and the job folders of
+``flengine new`` train `Net` on it (their training scripts import this module, their persistor
+names ``engine.examples.digits.Net``).
 """
 
 from __future__ import annotations
@@ -56,3 +57,10 @@ class Net(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return class logits for a batch of flattened 8x8 images."""
         return self.layers(x)
+
+
+def accuracy(net: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
+    """The share of ``images`` (0..1) that ``net`` labels right; ``net`` is left in eval mode."""
+    net.eval()
+    with torch.no_grad():
+        return (net(images).argmax(dim=1) == labels).float().mean().item()

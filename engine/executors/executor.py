@@ -42,6 +42,8 @@ class ExecutorContext:
             script logged to the server (numbers only; the client's ``metrics.jsonl`` keeps all).
         downloads_to_disk: ``downloads_to_disk(folder)`` is a ``with`` block inside which the
             tensors this client receives go to disk first (lazy refs); None where unsupported.
+        job_sites: Every client site of the job, in the order the runtime gave them (the same
+            on every site; the Client API's ``get_site_index``); empty where it gave none.
     """
 
     site_name: str
@@ -56,6 +58,7 @@ class ExecutorContext:
     report_status: Callable[[WorkflowStatus], None] | None = None
     report_metric: Callable[[str, Any, int | None], None] | None = None
     downloads_to_disk: Callable[[Path | None], AbstractContextManager[Any]] | None = None
+    job_sites: tuple[str, ...] = ()
 
     def get_component(self, component_id: str, key: str = "") -> Any:
         """The component with id ``component_id``; ``key`` names the arg that asked (for errors).

@@ -31,6 +31,7 @@ from engine.client.backends import (
     TOPIC_SEND,
     InProcessBackend,
     install_backend,
+    job_sites_to_environment,
 )
 from engine.client.exchange import TaskExchange
 from engine.executors.executor import ExecutorContext
@@ -109,6 +110,7 @@ class ThreadRunner(ScriptRunner):
             on_log=lambda key, value, task: self.record_metric(
                 key, value, task.task_name if task else None, task.model.current_round if task else None
             ),
+            job_sites=self.context.job_sites,
         )
         self._backend = backend
         self._thread = threading.Thread(target=self._run, name=f"script-{self.script.name}", daemon=True)
@@ -168,6 +170,7 @@ class ProcessRunner(ScriptRunner):
                 ENV_SITE: site,
                 ENV_JOB: self.context.job_id,
                 ENV_STREAMING: json.dumps(streaming),
+                **job_sites_to_environment(self.context.job_sites),
                 **(credentials.to_environment() if credentials is not None else {}),
             }
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +22,8 @@ from engine.fobs.dtypes import dtype_name
 LENGTH_PREFIX = struct.Struct("<Q")
 #: The header key of the string-to-string metadata.
 METADATA_KEY = "__metadata__"
+#: Largest dimension, offset or size a header may give: safetensors stores them as u64.
+MAX_HEADER_INT = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -77,3 +79,32 @@ def encode_header(entries: tuple[TensorEntry, ...], metadata: Mapping[str, str] 
     text = json.dumps(fields, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # safetensors pads so the data section starts 8-aligned
     return LENGTH_PREFIX.pack(len(text)) + text
+
+
+def is_header_int(value: object) -> bool:
+    """Whether ``value`` can be a dimension, offset or size in a header: an int in ``0 .. 2**64 - 1``."""
+    return type(value) is int and 0 <= value <= MAX_HEADER_INT
+
+
+def header_nbytes(shape: Sequence[int], itemsize: int) -> int | None:
+    """Bytes of a tensor of ``shape`` (dims already checked with `is_header_int`), or None past 2**64 - 1.
+
+    Multiplied one dim at a time and stopped as soon as it passes the bound: a received header
+    may list millions of dims, and their full product would have millions of digits.
+    """
+    if 0 in shape:
+        return 0
+    total = itemsize
+    for dim in shape:
+        total *= dim
+        if total > MAX_HEADER_INT:
+            return None
+    return total
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages about received headers."""
+    if isinstance(value, list) and len(value) > limit:
+        value = value[:limit]  # never repr a list of millions of items only to cut it
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

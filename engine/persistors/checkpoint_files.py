@@ -53,7 +53,7 @@ def commit_files(moves: Sequence[tuple[Path, Path]]) -> None:
     done = 0
     try:
         for temp, _ in moves:
-            _fsync_file(temp)
+            fsync_file(temp)
         for temp, target in moves:
             os.replace(temp, target)
             done += 1
@@ -62,7 +62,7 @@ def commit_files(moves: Sequence[tuple[Path, Path]]) -> None:
             temp.unlink(missing_ok=True)
         raise
     for folder in {target.parent for _, target in moves}:
-        _fsync_dir(folder)
+        fsync_folder(folder)
 
 
 def remove_stale_temp_files(folder: Path, names: Sequence[str]) -> list[Path]:
@@ -127,7 +127,8 @@ class CheckpointCommits:
             self._error = e
 
 
-def _fsync_file(path: Path) -> None:
+def fsync_file(path: Path) -> None:
+    """Flush ``path``'s data to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -135,7 +136,8 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_folder(directory: Path) -> None:
+    """Flush ``directory``'s entries to disk (a rename in it is durable then)."""
     # Makes the rename itself durable on POSIX; not possible (nor needed) on Windows.
     try:
         fd = os.open(directory, os.O_RDONLY)

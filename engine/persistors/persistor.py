@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from engine.errors import CheckpointError
 from engine.model import FLModel
 from engine.paths import JobPaths
 
@@ -92,3 +93,23 @@ class ModelPersistor(ABC):
         Raises:
             OSError: A save that finished in the background failed.
         """
+
+    def saved_model_file(self) -> Path | None:
+        """The file of the last saved global model, once it is on disk under its name; None if it keeps none.
+
+        A workflow's checkpoint gives this file a second name (`engine.workflows.checkpoint`), so a
+        persistor that returns None here cannot be resumed.
+        """
+        return None
+
+    def resume_state(self) -> dict[str, Any]:
+        """The persistor's own state a resumed run needs (JSON), e.g. the best key metric so far."""
+        return {}
+
+    def resume_from(self, model_file: Path, state: Mapping[str, Any]) -> None:
+        """Make ``model_file`` (a checkpoint's global model) the current one, with ``state`` from `resume_state`.
+
+        Raises:
+            CheckpointError: This persistor cannot resume a run.
+        """
+        raise CheckpointError(f"{type(self).__name__} cannot resume a run: it keeps no global model file")

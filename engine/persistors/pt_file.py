@@ -16,6 +16,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from engine.errors import CheckpointError
 from engine.model import FLModel, ParamsType
 from engine.paths import JobPaths, no_link_out, plain_file_name
 from engine.persistors.checkpoint_files import (
@@ -266,6 +267,46 @@ class PTFileModelPersistor(ModelPersistor):
         self._saved = True
         logger.info("global model saved: file=%s", path)
         return path
+
+    def saved_model_file(self) -> Path | None:
+        """The global model file, once the last save is on disk under its name; None before the first save.
+
+        Raises:
+            OSError: The last save failed (see `flush`).
+        """
+        self.flush()
+        if not self._saved or self._models_dir is None:
+            return None
+        return self._models_dir / self._global_name
+
+    def resume_state(self) -> dict[str, Any]:
+        """The best key metric so far (as this persistor scores it) and the metric names seen."""
+        return {"best": self._best, "metrics_seen": sorted(self._metrics_seen)}
+
+    def resume_from(self, model_file: Path, state: Mapping[str, Any]) -> None:
+        """Make ``model_file`` the global model (a copy under the global model's name); restore the best score.
+
+        Raises:
+            CheckpointError: The file does not match the model, or the state is malformed.
+        """
+        best = state.get("best")
+        if best is not None and (isinstance(best, bool) or not isinstance(best, (int, float))):
+            raise CheckpointError(f"resume: the persistor's best score is not a number: {best!r}")
+        try:
+            self._check_matches_module(saved_tensor_refs(model_file), model_file, "checkpoint model")
+        except ValueError as e:
+            raise CheckpointError(str(e)) from e
+        path = self.models_dir / self._global_name
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(path.name + ".resume-tmp")
+        temp.unlink(missing_ok=True)
+        shutil.copyfile(model_file, temp)  # a copy: the checkpoint's file stays as it was
+        os.replace(temp, path)
+        self._best = None if best is None else float(best)
+        self._metrics_seen.update(str(name) for name in state.get("metrics_seen") or [])
+        self._saved = True
+        self.drop_initial_model()
+        logger.info("resumed from checkpoint model: file=%s best=%s", model_file, self._best)
 
     def end_of_run_warnings(self) -> list[str]:
         """Say, once the run is over, when ``key_metric`` never came with a saved model (no best model was written).

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
+from engine.errors import SerializationError
 from engine.fobs.dtypes import torch_dtype
+from engine.fobs.tensor_layout import header_nbytes, is_header_int, shown
 
 #: A checkpoint header larger than this is not one the persistor wrote.
 MAX_HEADER_BYTES = 64 * 2**20
@@ -92,6 +94,8 @@ def saved_tensor_refs(path: Path) -> dict[str, SavedTensorRef]:
             header = json.loads(file.read(length))
         except ValueError as e:
             raise ValueError(f"{path} is not a safetensors file: its header is not JSON ({e})") from e
+        except RecursionError as e:
+            raise ValueError(f"{path} is not a safetensors file: its header nests too deeply") from e
     size = path.stat().st_size
     data_start = 8 + length
     refs = {}
@@ -100,17 +104,25 @@ def saved_tensor_refs(path: Path) -> dict[str, SavedTensorRef]:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        try:
-            begin, end = (int(v) for v in entry["data_offsets"])
-            shape = tuple(int(v) for v in entry["shape"])
-            dtype = torch_dtype(entry["dtype"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: tensor {name!r} has an unreadable header entry ({e})") from e
-        numel = 1
-        for dim in shape:
-            numel *= dim
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-        if end - begin != nbytes or begin < 0 or data_start + end > size:
+        begin, end, shape, dtype = _read_entry(path, name, entry)
+        nbytes = header_nbytes(shape, torch.empty(0, dtype=dtype).element_size())
+        if nbytes is None or end - begin != nbytes or data_start + end > size:
             raise ValueError(f"{path}: tensor {name!r} does not fit the file ({begin}..{end}, {nbytes} bytes)")
         refs[name] = SavedTensorRef(path, name, shape, dtype, data_start + begin, nbytes)
     return refs
+
+
+def _read_entry(path: Path, name: str, entry: object) -> tuple[int, int, tuple[int, ...], torch.dtype]:
+    """The offsets, shape and dtype of one header entry, or a ValueError naming the file and the tensor."""
+    if not isinstance(entry, dict) or not {"data_offsets", "shape", "dtype"} <= entry.keys():
+        raise ValueError(f"{path}: tensor {name!r} has an unreadable header entry ({shown(entry)})")
+    offsets, shape = entry["data_offsets"], entry["shape"]
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_header_int(v) for v in offsets)):
+        raise ValueError(f"{path}: tensor {name!r} has invalid data_offsets {shown(offsets)}")
+    if not (isinstance(shape, list) and all(is_header_int(v) for v in shape)):
+        raise ValueError(f"{path}: tensor {name!r} has an invalid shape {shown(shape)}")
+    try:
+        dtype = torch_dtype(entry["dtype"])
+    except SerializationError as e:
+        raise ValueError(f"{path}: tensor {name!r}: {e}") from e
+    return offsets[0], offsets[1], tuple(shape), dtype

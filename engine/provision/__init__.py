@@ -12,7 +12,7 @@ Public API::
 from __future__ import annotations
 
 from engine.provision.kit import KEYS_FOLDER, KIT_FILE, PARTICIPANTS_FILE, START_SCRIPT, Kit, load_kit
-from engine.provision.manifest import MANIFEST_FILE, verify_kit
+from engine.provision.manifest import MANIFEST_FILE, KitCheck, verify_kit
 from engine.provision.policy import POLICY_FILE, SitePolicy, load_site_policy
 from engine.provision.project import (
     ROLES,
@@ -34,6 +34,7 @@ __all__ = [
     "ROLES",
     "START_SCRIPT",
     "Kit",
+    "KitCheck",
     "KitReport",
     "Participant",
     "Project",

@@ -11,6 +11,11 @@
     server/
       kit.json  keys/ (server.key, server.key_secret, allowlist/IDENTITY.key)  participants.json ...
 
+A daemon reads only what the kit's manifest lists: the server's allowlist is the
+``keys/allowlist/IDENTITY.key`` files of its manifest, and any other file there (the key of a
+participant revoked since, left behind when a new kit was copied over the old one) is ignored
+and reported in `Kit.ignored_files`.
+
 ``kit.json`` is JSON, not HOCON: flengine writes it and reads it, nobody edits it (it is in the
 manifest), so it needs no comments, includes or substitutions, and the same bytes come out of
 the same project every time. The site's ``policy.conf`` is HOCON because people edit it.
@@ -25,16 +30,18 @@ from pathlib import Path
 from typing import Any
 
 from engine.cells import CellSettings
-from engine.cells.security import CellSecurity
+from engine.cells.security import Allowlist, CellSecurity
 from engine.errors import ProvisionError
-from engine.provision.manifest import verify_kit
+from engine.provision.manifest import KitCheck, verify_kit
 from engine.provision.project import ROLES, Participant, Project, ServerAddress
-from engine.security import load_cell_security
+from engine.security import ALLOWLIST_FOLDER, PUBLIC_SUFFIX, load_allowlist, load_cell_security
 
 KIT_FILE = "kit.json"
 KEYS_FOLDER = "keys"
 START_SCRIPT = "start.sh"
 PARTICIPANTS_FILE = "participants.json"
+#: Where a server kit keeps its allowlist; a file there that the manifest does not list is ignored.
+ALLOWLIST_PATH = f"{KEYS_FOLDER}/{ALLOWLIST_FOLDER}/"
 KIT_FORMAT_VERSION = 1
 #: Largest message a daemon's or admin session's cell takes (job processes keep their job's limit).
 DAEMON_MAX_MESSAGE_BYTES = 16 << 20
@@ -68,12 +75,19 @@ class Kit:
         project: The project's name.
         participant: Whose kit it is: identity, kind, org, role, resources.
         server: The server's address (what a client connects to, what the server binds).
+        allowlist: A server kit: the identities whose ``keys/allowlist/IDENTITY.key`` its
+            manifest lists, and so the only ones its cell accepts. Empty for other kits, and
+            for a kit read without its manifest (`parse_kit_file`).
+        ignored_files: Files of the kit that its manifest does not list, in a folder where that
+            is allowed (``keys/allowlist/``); never read. Whoever runs the kit may delete them.
     """
 
     folder: Path
     project: str
     participant: Participant
     server: ServerAddress
+    allowlist: tuple[str, ...] = ()
+    ignored_files: tuple[str, ...] = ()
 
     @property
     def identity(self) -> str:
@@ -96,8 +110,18 @@ class Kit:
         return CellSettings(max_message_size_bytes=DAEMON_MAX_MESSAGE_BYTES)
 
     def cell_security(self) -> CellSecurity:
-        """Load the CURVE keys of the kit owner's cell (its allowlist for the server)."""
-        return load_cell_security(self.keys_dir, self.identity, server=self.participant.kind == "server")
+        """Load the CURVE keys of the kit owner's cell (for the server, the allowlist its manifest lists)."""
+        server = self.participant.kind == "server"
+        return load_cell_security(self.keys_dir, self.identity, server=server, allowlist=self.allowlist)
+
+    def load_allowlist(self) -> Allowlist:
+        """Load the server's allowlist: exactly the keys its manifest lists (see `allowlist`).
+
+        Raises:
+            SecurityError: A listed key file is missing or malformed (named), or the kit lists
+                none (a kit that is not a server's, or one read without its manifest).
+        """
+        return load_allowlist(self.keys_dir / ALLOWLIST_FOLDER, self.allowlist)
 
 
 def load_kit(folder: str | os.PathLike[str]) -> Kit:
@@ -108,12 +132,15 @@ def load_kit(folder: str | os.PathLike[str]) -> Kit:
         ProvisionError: ``kit.json`` is not one `flengine provision` writes.
     """
     folder = Path(folder)
-    verify_kit(folder)
-    return parse_kit_file(folder)
+    check = verify_kit(folder, unlisted_ok=(ALLOWLIST_PATH,))
+    return parse_kit_file(folder, check)
 
 
-def parse_kit_file(folder: Path) -> Kit:
-    """Read ``folder/kit.json`` without checking the manifest (provisioning reads its own kits so)."""
+def parse_kit_file(folder: Path, check: KitCheck | None = None) -> Kit:
+    """Read ``folder/kit.json``; without ``check`` (what `verify_kit` found) the manifest is not read.
+
+    Provisioning reads its own kits without their manifests; a kit read so has no `Kit.allowlist`.
+    """
     path = folder / KIT_FILE
     try:
         with path.open("rb") as source:
@@ -130,7 +157,14 @@ def parse_kit_file(folder: Path) -> Kit:
         raise ProvisionError(f"{path}: cannot read the kit file: {e.strerror or e}") from e
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ProvisionError(f"{path}: not a kit file of this flengine ({e}); provision the kit again") from e
-    return Kit(folder, data["project"], participant, address)
+    if check is None:
+        return Kit(folder, data["project"], participant, address)
+    allowlist = tuple(
+        name[len(ALLOWLIST_PATH) : -len(PUBLIC_SUFFIX)]
+        for name in check.files
+        if name.startswith(ALLOWLIST_PATH) and name.endswith(PUBLIC_SUFFIX) and "/" not in name[len(ALLOWLIST_PATH) :]
+    )
+    return Kit(folder, data["project"], participant, address, allowlist, check.ignored)
 
 
 def kit_file_text(project: Project, participant: Participant) -> str:

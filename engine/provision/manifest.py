@@ -3,7 +3,11 @@
 ``MANIFEST.json`` lists every file of a kit by its path relative to the kit folder, the secret
 key included (a swapped secret key is tampering too). Two files are left out: the manifest
 itself and ``policy.conf``, the site's own policy, which the site edits. `verify_kit` raises a
-`SecurityError` that names every file changed, removed or added since provisioning.
+`SecurityError` that names every file changed, removed or added since provisioning, except
+files added in the folders its caller names as *unlisted_ok*: those it reports and ignores. A
+daemon reads only the files the manifest lists, so a file that is not listed changes nothing
+(a server kit copied over an older one leaves the keys of revoked participants behind in
+``keys/allowlist/``; they are not read).
 
 The manifest is not signed: it catches a kit changed behind its owner's back (a copy gone
 wrong, a file swapped by a careless hand or a script), not someone who may write the kit folder
@@ -12,10 +16,12 @@ and so could rewrite the manifest too. Keep the kit folder private (mode 0700).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import stat
+from collections.abc import Collection
 from pathlib import Path
 
 from engine.errors import SecurityError
@@ -63,13 +69,34 @@ def write_manifest(folder: Path) -> bool:
     return True
 
 
-def verify_kit(folder: Path) -> None:
+@dataclasses.dataclass(frozen=True)
+class KitCheck:
+    """What `verify_kit` found in a kit that passed.
+
+    Attributes:
+        files: Every file the manifest lists (relative POSIX paths), all present and unchanged.
+        ignored: Files the manifest does not list, in a folder where that is allowed; never
+            read, and reported so that whoever runs the kit can delete them.
+    """
+
+    files: tuple[str, ...]
+    ignored: tuple[str, ...] = ()
+
+
+def verify_kit(folder: Path, unlisted_ok: Collection[str] = ()) -> KitCheck:
     """Check that a kit's files are exactly those its manifest lists, unchanged.
 
-    The server and client daemons call this before they read anything else of the kit.
+    The server and client daemons call this (through `load_kit`) before they read anything
+    else of the kit, and read only the files it lists.
 
     Args:
         folder: The kit folder (holding ``MANIFEST.json``).
+        unlisted_ok: Folders of the kit (relative, ending in ``/``, e.g. ``keys/allowlist/``)
+            where a file the manifest does not list is ignored and reported instead of refused.
+            Empty by default: any added file is refused.
+
+    Returns:
+        The files listed, and those ignored.
 
     Raises:
         SecurityError: No readable manifest, or files changed, removed or added since the kit
@@ -77,17 +104,21 @@ def verify_kit(folder: Path) -> None:
     """
     expected = _read_manifest(folder)
     actual = kit_digests(folder)
-    problems = []
+    problems, ignored = [], []
     for relative in sorted(expected.keys() | actual.keys()):
         if relative not in actual:
             problems.append(f"{folder / relative}: removed since the kit was provisioned")
         elif relative not in expected:
-            problems.append(f"{folder / relative}: added since the kit was provisioned (not in {MANIFEST_FILE})")
+            if any(relative.startswith(place) for place in unlisted_ok):
+                ignored.append(relative)
+            else:
+                problems.append(f"{folder / relative}: added since the kit was provisioned (not in {MANIFEST_FILE})")
         elif actual[relative] != expected[relative]:
             problems.append(f"{folder / relative}: changed since the kit was provisioned ({_ALGORITHM} differs)")
     if problems:
         count = f"{len(problems)} file{'s' if len(problems) != 1 else ''}"
         raise SecurityError("\n".join([f"{folder}: the kit was tampered with ({count}); {_REFUSED_HINT}", *problems]))
+    return KitCheck(tuple(sorted(expected)), tuple(ignored))
 
 
 def _read_manifest(folder: Path) -> dict[str, str]:

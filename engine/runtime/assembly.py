@@ -158,6 +158,8 @@ STREAMING_KEYS = (
     "streaming_per_request_timeout",
     "streaming_max_requests_in_flight",
     "streaming_min_throughput",
+    "streaming_retries",
+    "streaming_retry_backoff_s",
 )
 
 

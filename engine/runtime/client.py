@@ -3,7 +3,10 @@
 It builds the client app's executors and filters, connects its cell to the server, and pulls:
 ask for a task, pull its tensors, filter, run the executor the task's name routes to, filter the
 result and submit it (the server pulls its tensors), until the server says END_RUN. When the
-server cannot be reached it keeps asking (the cell reconnects) for ``server_silence_limit_s``.
+server cannot be reached it keeps asking (the cell reconnects) for ``server_silence_limit_s``,
+with the backoff of ``streaming_retry_backoff_s``, and a repeated task request carries the same
+request id, so a task whose answer was lost comes again; a result lost to a timeout or a
+dropped connection is submitted again up to ``streaming_retries`` times.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from engine.cells import Message
+from engine.cells.retry import request_with_retries
 from engine.config import Job
 from engine.errors import CellError, CellRemoteError, SecurityError
 from engine.executors.client_api import REASON_HEADER
@@ -47,6 +52,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds a client keeps trying to reach a server that does not answer before it gives up.
 DEFAULT_SERVER_SILENCE_LIMIT_S = 60.0
+#: Longest wait for the answer to one task request, in seconds.
+GET_TASK_TIMEOUT_S = 30.0
+#: Longest pause between two task requests that failed, in seconds (the backoff doubles up to it).
+GET_TASK_MAX_WAIT_S = 5.0
 
 
 class ClientJob:
@@ -63,6 +72,8 @@ class ClientJob:
         report: Progress sink, ``report(event, **fields)``: ``task_received`` (task, task_id,
             round, bytes, seconds: the task's download) and ``task_done`` (task, task_id, round,
             seconds: since the task arrived, before its result is sent).
+        job_sites: Every client site of the job, in the same order on every site (what the
+            Client API's ``get_site_index`` counts in); it must name ``site``. Empty: not known.
     """
 
     def __init__(
@@ -74,10 +85,13 @@ class ClientJob:
         job_id: str,
         server_silence_limit_s: float = DEFAULT_SERVER_SILENCE_LIMIT_S,
         report: Callable[..., None] | None = None,
+        job_sites: Sequence[str] = (),
     ) -> None:
         app = job.app_for(site.name)
         if app is None or app.client is None:
             raise ValueError(f"{job.folder}: no app with a config_fed_client is deployed to {site.name}")
+        if job_sites and site.name not in job_sites:
+            raise ValueError(f"job_sites {list(job_sites)} do not name this site {site.name!r}")
         self.app = app
         self.job_folder = job.folder
         self.site_settings = site
@@ -85,6 +99,7 @@ class ClientJob:
         self.endpoint = endpoint
         self.workspace = workspace
         self.job_id = job_id
+        self.job_sites = tuple(job_sites)
         self.server_silence_limit_s = server_silence_limit_s
         self._report = report or (lambda event, **fields: None)
         self.abort_signal = threading.Event()
@@ -138,7 +153,14 @@ class ClientJob:
             report_status=self._report_status,
             report_metric=self._report_metric,
             downloads_to_disk=self.network.downloads_to_disk,
+            job_sites=self.job_sites,
         )
+        if self.job_sites:  # which shard a script takes by get_site_index: worth a line in the site's log
+            index = self.job_sites.index(self.site)
+            sites = ",".join(self.job_sites)
+            log.info("job sites site=%s index=%d of=%d sites=%s", self.site, index, len(self.job_sites), sites)
+        else:
+            log.info("job sites unknown site=%s (started without --clients)", self.site)
         started = []
         try:
             for route in routes:
@@ -232,6 +254,9 @@ class ClientJob:
 
     def _pull_loop(self, routes: list[Any], data_filters: FilterChains, result_filters: FilterChains) -> None:
         last_heard = time.monotonic()
+        retry = self.codec.context.retry
+        failures = 0
+        request_id = uuid.uuid4().hex  # kept while asking again: a repeat gets the first one's task
         while not self.abort_signal.is_set():
             self._task_ready.clear()  # a notice from now on cuts the next wait short
             try:
@@ -239,17 +264,24 @@ class ClientJob:
                     "server",
                     protocol.TASK_CHANNEL,
                     protocol.TOPIC_GET_TASK,
-                    {protocol.HEADER_JOB_ID: self.job_id},
-                    timeout_s=30.0,
+                    {protocol.HEADER_JOB_ID: self.job_id, protocol.HEADER_REQUEST_ID: request_id},
+                    timeout_s=GET_TASK_TIMEOUT_S,
                 )
             except CellError as e:
                 self._check_not_refused()
                 silent_s = time.monotonic() - last_heard
                 if silent_s > self.server_silence_limit_s:
                     raise CellError(f"{self.site}: the server did not answer for {silent_s:.0f} s ({e})") from e
-                log.warning("server not reachable, retrying: %s", e)
-                self.abort_signal.wait(1.0)
+                failures += 1
+                wait_s = min(retry.wait_s(failures), GET_TASK_MAX_WAIT_S)
+                log.warning("server not reachable, retrying in %.2f s: %s", wait_s, e)
+                if self.cell.connected:
+                    self.abort_signal.wait(wait_s)
+                else:  # the cell reconnects by itself: ask as soon as it has
+                    self.cell.wait_connected(wait_s)
                 continue
+            failures = 0
+            request_id = uuid.uuid4().hex
             last_heard = time.monotonic()
             state = reply.header.get("state")
             if state == protocol.STATE_END:
@@ -342,15 +374,25 @@ class ClientJob:
         del result
         # The server replies once it has pulled every tensor; each pull is bounded by the
         # per-request timeout, and a server that dies fails the request as unreachable at once.
+        # A submit lost to a timeout or a dropped connection is sent again (the server answers a
+        # repeat with the first one's answer, see `engine.runtime.repeats`); its offers stay.
         timeout_s = max(self.codec.context.per_request_timeout_s * 10, 60.0)
         try:
-            reply = self.cell.request(
+            reply = request_with_retries(
+                self.cell,
                 "server",
                 protocol.TASK_CHANNEL,
                 protocol.TOPIC_SUBMIT,
-                header={"task_id": task_id, "task_name": task_name, protocol.HEADER_JOB_ID: self.job_id},
+                header={
+                    "task_id": task_id,
+                    "task_name": task_name,
+                    protocol.HEADER_JOB_ID: self.job_id,
+                    protocol.HEADER_REQUEST_ID: uuid.uuid4().hex,
+                },
                 frames=frames,
                 timeout_s=timeout_s,
+                policy=self.codec.context.retry,
+                stop=self.abort_signal,
             )
             log.info("result submitted task=%s outcome=%s", task_name, reply.header.get("outcome"))
             if reply.header.get("held") is True and self.network.service is not None:

@@ -7,7 +7,12 @@ A process exits when the process that started it goes away, so no orphan is left
 
 A client started with ``--connect -`` builds its executors first, then reads the server's endpoint
 as one line on its stdin (the simulator's launcher writes it when the server listens; end of file
-means the simulator is gone). Once a process has written its result, its ``process.json`` and its
+means the simulator is gone). A server started with ``--exit-notices`` reads the exits of its
+clients' processes on its stdin, one JSON line each (``{"exited": SITE, "code": CODE}``, written by
+the simulator's launcher or the server daemon): a client whose process ended is dead at once,
+not after the heartbeat timeout. ``--clients`` names the job's client sites, in one order for
+all: a server's clients, and a client's fellow sites (the Client API's ``get_site_index``).
+Once a process has written its result, its ``process.json`` and its
 logs, it exits at once (`exit_now`): nothing is left to wait for, and the interpreter's teardown
 of torch would only make the run end later.
 """
@@ -25,7 +30,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO
 
+from engine import fault_points
 from engine.config import Job, load_job
 from engine.errors import CellError, FlengineError
 from engine.fobs.tensor_pool import TENSOR_POOL
@@ -52,8 +59,12 @@ log = logging.getLogger(__name__)
 ENDPOINT_FROM_STDIN = "-"
 #: The longest endpoint line read from stdin, in bytes.
 MAX_ENDPOINT_BYTES = 1024
+#: The longest exit-notice line read from stdin, in bytes (longer ones are skipped).
+MAX_NOTICE_BYTES = 4096
 #: Seconds a client gets after SIGTERM to finish by itself.
 STOP_GRACE_S = 5.0
+#: The job's client sites (a JSON list), written by the server process into the run's workspace
+#: for client processes that share it and were started without ``--clients`` (the simulator's).
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, folder: Path) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the simulator decides; it sends SIGTERM
+    fault_points.set_site(args.site)
     job = load_job(args.job)
     chunk_bytes = largest_chunk_bytes(job)
     if return_freed_memory_to_the_system(chunk_bytes):
@@ -108,9 +120,14 @@ def _site_settings(job: Job, args: argparse.Namespace) -> SiteSettings:
 
 def _run_server(job: Job, site: SiteSettings, folder: Path, args: argparse.Namespace) -> int:
     events = EventWriter(file=folder / EVENTS_FILE)
-    server = ServerJob(job, site, folder, args.clients.split(","), args.job_id, events)
-    signal.signal(signal.SIGTERM, lambda *_: server.abort("stopped by the simulator (SIGTERM)"))
-    exit_with_parent(args.parent_pid, lambda: server.abort("the simulator went away"))
+    clients = _site_names(args.clients)
+    server = ServerJob(job, site, folder, clients, args.job_id, events, resume=args.resume)
+    parent = "the server daemon" if args.port is not None else "the simulator"  # a daemon gives the job's port
+    signal.signal(signal.SIGTERM, lambda *_: server.abort(f"stopped by {parent} (SIGTERM)"))
+    exit_with_parent(args.parent_pid, lambda: server.abort(f"{parent} went away"))
+    if args.exit_notices:
+        notices = (sys.stdin.buffer, server.client_exited, server.site_revoked)
+        threading.Thread(target=read_site_notices, args=notices, daemon=True).start()
     started = time.time()
     warnings: list[str] = []
     try:
@@ -124,6 +141,7 @@ def _run_server(job: Job, site: SiteSettings, folder: Path, args: argparse.Names
         "reason": reason,
         "rounds": rounds,
         "warnings": warnings,
+        "site_events": server.liveness.events,
         "seconds": time.time() - started,
     }
     (folder / RESULT_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
@@ -135,10 +153,17 @@ def _run_server(job: Job, site: SiteSettings, folder: Path, args: argparse.Names
 
 def _run_client(job: Job, site: SiteSettings, folder: Path, args: argparse.Namespace) -> int:
     events = EventWriter(file=folder / EVENTS_FILE, echo=False)
+    job_sites = _site_names(args.clients)
+    if job_sites and site.name not in job_sites:
+        reason = f"--clients {args.clients} does not name this site; list every client site of the job"
+        log.error("%s", reason)
+        print(f"Error: {site.name}: {reason}", file=sys.stderr)
+        return 1
     endpoint: str | Callable[[], str] = args.connect
     if args.connect == ENDPOINT_FROM_STDIN:
         endpoint = lambda: _endpoint_from_stdin(events)  # noqa: E731 (called once its executors are built)
-    client = ClientJob(job, site, endpoint, folder, args.job_id, report=events)
+
+    client = ClientJob(job, site, endpoint, folder, args.job_id, report=events, job_sites=job_sites)
     signal.signal(signal.SIGTERM, lambda *_: _stop_client(client, folder, args.site))
     exit_with_parent(args.parent_pid, client.abort_signal.set)
     code = 0
@@ -179,6 +204,11 @@ def _endpoint_from_stdin(events: EventWriter) -> str:
     return endpoint
 
 
+def _site_names(listed: str) -> list[str]:
+    """The names in a ``--clients`` value (comma-separated; empty: none)."""
+    return [name for name in listed.split(",") if name]
+
+
 class _NoEndpoint(CellError):
     """Stdin closed before the endpoint came: the server failed at start, or the simulator is gone."""
 
@@ -212,6 +242,43 @@ def _stop_client(client: ClientJob, folder: Path, site: str) -> None:
     timer.start()
 
 
+def read_site_notices(
+    stream: IO[bytes],
+    client_exited: Callable[[str, int | None], None],
+    site_revoked: Callable[[str], None] | None = None,
+) -> None:
+    """Call ``client_exited(site, code)`` for each exit notice of ``stream`` (``site_revoked(site)`` for each
+    revocation) until it ends.
+
+    A line that is not a notice (too long, not JSON, wrong types) is logged and skipped.
+    """
+    while True:
+        line = stream.readline(MAX_NOTICE_BYTES + 1)
+        if not line:
+            return
+        if len(line) > MAX_NOTICE_BYTES or not line.endswith(b"\n"):
+            log.warning("exit notice skipped: longer than %d bytes", MAX_NOTICE_BYTES)
+            while line and not line.endswith(b"\n"):  # the rest of that line
+                line = stream.readline(MAX_NOTICE_BYTES + 1)
+            continue
+        try:
+            notice = json.loads(line)
+            if "revoked" in notice:
+                site, code = notice["revoked"], None
+            else:
+                site, code = notice["exited"], notice.get("code")
+            if not isinstance(site, str) or (code is not None and type(code) is not int):
+                raise TypeError("site must be a string and code an integer")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            log.warning("exit notice skipped: %s", e)
+            continue
+        if "revoked" in notice:
+            if site_revoked is not None:
+                site_revoked(site)
+        else:
+            client_exited(site, code)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine.runtime.entry")
     parser.add_argument("role", choices=["server", "client"])
@@ -219,7 +286,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workspace", required=True, help="the job's workspace folder")
     parser.add_argument("--site", default="server", help="this process's site name")
     parser.add_argument("--job-id", default="job")
-    parser.add_argument("--clients", default="", help="server: comma-separated client names")
+    parser.add_argument(
+        "--clients",
+        default="",
+        help="the job's client sites, comma-separated, in one order for all (server: who takes part; client: "
+        "what the Client API's get_site_index counts in)",
+    )
     parser.add_argument("--connect", default="", help="client: the server's endpoint; - to read it on stdin")
     parser.add_argument("--host", default="", help="server: the address to bind (instead of the job's cell.host)")
     parser.add_argument("--port", type=int, default=None, help="server: the port to bind (instead of cell.port)")
@@ -232,6 +304,16 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="DIR",
         help="an absolute folder outside the workspace that the job's paths may name (repeatable)",
+    )
+    parser.add_argument(
+        "--exit-notices",
+        action="store_true",
+        help="server: read the exits of the clients' processes on stdin, one JSON line each",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="server: the job ran before and its server stopped: resume it from its checkpoint",
     )
     parser.add_argument("--parent-pid", type=int, default=os.getppid())
     parser.add_argument("-v", "--verbose", action="store_true")

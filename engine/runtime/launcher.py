@@ -11,7 +11,8 @@ on their stdin (``--connect -``) when the server listens.
 
 The launcher talks JSON lines. Commands on its stdin::
 
-    {"start": "site-1", "argv": [...], "cwd": DIR, "stderr": FILE, "stdout_fd": FD | null, "endpoint_pipe": true}
+    {"start": "site-1", "argv": [...], "cwd": DIR, "stderr": FILE, "stdout_fd": FD | null, "endpoint_pipe": true,
+     "exit_notices": false}                    # exit_notices: its stdin gets {"exited": SITE, "code": N} lines
     {"endpoint": "tcp://127.0.0.1:5555"}       # written to every client started with endpoint_pipe (null: none)
     {"signal": "site-1", "signum": 15}
 
@@ -132,7 +133,13 @@ class Launcher:
         threading.Thread(target=self._read_reports, name="launcher-reports", daemon=True).start()
 
     def start(
-        self, site: str, argv: list[str], cwd: Path, capture: bool = False, endpoint_pipe: bool = False
+        self,
+        site: str,
+        argv: list[str],
+        cwd: Path,
+        capture: bool = False,
+        endpoint_pipe: bool = False,
+        exit_notices: bool = False,
     ) -> LaunchedProcess:
         """Have ``python -m engine.runtime.entry *argv`` forked as ``site`` (as soon as the launcher is ready).
 
@@ -142,6 +149,9 @@ class Launcher:
             cwd: Its working folder.
             capture: Its stdout is a pipe, `LaunchedProcess.stdout` (one process of a run at most).
             endpoint_pipe: Its stdin is a pipe that `send_endpoint` writes the server's endpoint to.
+            exit_notices: Its stdin is a pipe that the launcher writes every other process's exit
+                to, one JSON line each (``{"exited": SITE, "code": CODE}``): the server learns of a
+                client's death at once instead of after the heartbeat timeout.
         """
         process = LaunchedProcess(site, self)
         command: dict[str, Any] = {
@@ -151,6 +161,7 @@ class Launcher:
             "stderr": str(cwd / "stderr.txt"),
             "stdout_fd": None,
             "endpoint_pipe": endpoint_pipe,
+            "exit_notices": exit_notices,
         }
         if capture:
             command["stdout_fd"] = self._events_write

@@ -2,8 +2,10 @@
 
 See `engine.runtime.launcher` for why and for the protocol: it reads JSON-line commands on its
 stdin, forks ``engine.runtime.entry.main`` for each ``start`` (each child with its own stdio,
-folder and command line), writes the endpoint to the clients that wait for it, forwards
-signals, and reports ``ready``, ``started`` and ``exited`` on its stdout. When its stdin closes
+folder and command line), writes the endpoint to the clients that wait for it, tells the
+processes started with ``exit_notices`` (the server) of every other process's exit on their
+stdin (``{"exited": SITE, "code": CODE}`` lines), forwards signals, and reports ``ready``,
+``started`` and ``exited`` on its stdout. When its stdin closes
 it terminates the children still running, kills them after `KILL_AFTER_S`, and exits without
 the interpreter's teardown.
 """
@@ -48,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     children: dict[int, str] = {}
     pids: dict[str, int] = {}
     endpoint_pipes: dict[str, int] = {}
+    notice_pipes: dict[str, int] = {}  # site -> the write end of its stdin, for exit notices
     pending = b""
     kill_at: float | None = None
     while kill_at is None or children:
@@ -62,12 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 selector.unregister(0)
                 kill_at = time.monotonic() + KILL_AFTER_S
                 _close_all(endpoint_pipes)
+                _close_all(notice_pipes)
                 _signal_all(children, signal.SIGTERM)
                 continue
             *lines, pending = (pending + data).split(b"\n")
             for line in lines:
-                _command(json.loads(line), entry.main, children, pids, endpoint_pipes, reports)
-        _reap(children, reports)
+                _command(json.loads(line), entry.main, children, pids, (endpoint_pipes, notice_pipes), reports)
+        _reap(children, reports, notice_pipes)
         if kill_at is not None and time.monotonic() >= kill_at:
             _signal_all(children, signal.SIGKILL)
             kill_at = time.monotonic() + 1.0
@@ -87,12 +91,13 @@ def _command(
     entry_main: Callable[[list[str]], int],
     children: dict[int, str],
     pids: dict[str, int],
-    endpoint_pipes: dict[str, int],
+    pipes: tuple[dict[str, int], dict[str, int]],
     reports: IO[str],
 ) -> None:
+    endpoint_pipes, notice_pipes = pipes
     if "start" in command:
         site = str(command["start"])
-        pid = _fork(command, entry_main, endpoint_pipes)
+        pid = _fork(command, entry_main, endpoint_pipes, notice_pipes)
         children[pid], pids[site] = site, pid
         _report(reports, event="started", site=site, pid=pid)
     elif "endpoint" in command:  # null: there will be none (the clients see their stdin close)
@@ -108,9 +113,14 @@ def _command(
                 os.kill(pid, int(command["signum"]))
 
 
-def _fork(command: dict[str, Any], entry_main: Callable[[list[str]], int], endpoint_pipes: dict[str, int]) -> int:
+def _fork(
+    command: dict[str, Any],
+    entry_main: Callable[[list[str]], int],
+    endpoint_pipes: dict[str, int],
+    notice_pipes: dict[str, int],
+) -> int:
     stdin_read = None
-    if command.get("endpoint_pipe"):
+    if command.get("endpoint_pipe") or command.get("exit_notices"):
         stdin_read, stdin_write = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -119,7 +129,11 @@ def _fork(command: dict[str, Any], entry_main: Callable[[list[str]], int], endpo
         _child(command, entry_main, stdin_read)  # never returns
     if stdin_read is not None:
         os.close(stdin_read)
-        endpoint_pipes[str(command["start"])] = stdin_write
+        if command.get("exit_notices"):
+            os.set_blocking(stdin_write, False)  # a server that does not read never stalls the launcher
+            notice_pipes[str(command["start"])] = stdin_write
+        else:
+            endpoint_pipes[str(command["start"])] = stdin_write
     if command.get("stdout_fd") is not None:  # the child's copy is the only one left: its exit is EOF
         with contextlib.suppress(OSError):
             os.close(int(command["stdout_fd"]))
@@ -158,7 +172,7 @@ def _child(command: dict[str, Any], entry_main: Callable[[list[str]], int], stdi
         os._exit(code)
 
 
-def _reap(children: dict[int, str], reports: IO[str]) -> None:
+def _reap(children: dict[int, str], reports: IO[str], notice_pipes: dict[str, int]) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -168,7 +182,27 @@ def _reap(children: dict[int, str], reports: IO[str]) -> None:
             return
         site = children.pop(pid, None)
         if site is not None:
-            _report(reports, event="exited", site=site, code=os.waitstatus_to_exitcode(status))
+            code = os.waitstatus_to_exitcode(status)
+            _report(reports, event="exited", site=site, code=code)
+            _tell_exit(notice_pipes, site, code)
+
+
+def _tell_exit(notice_pipes: dict[str, int], site: str, code: int) -> None:
+    """Write ``site``'s exit to the processes that take exit notices; forget a pipe whose reader is gone."""
+    own = notice_pipes.pop(site, None)
+    if own is not None:
+        with contextlib.suppress(OSError):
+            os.close(own)
+    line = json.dumps({"exited": site, "code": code}).encode("utf-8") + b"\n"
+    for listener, fd in list(notice_pipes.items()):
+        try:
+            os.write(fd, line)
+        except BlockingIOError:
+            pass  # its reader is behind: it learns of the exit from the missing heartbeats instead
+        except OSError:
+            notice_pipes.pop(listener, None)
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _signal_all(children: dict[int, str], signum: int) -> None:

@@ -182,7 +182,13 @@ class SiteBoard:
             self._set({**event, "site": site}, f"idle: failed this round: {why}")
 
     def _on_client_dead(self, event: dict[str, Any]) -> None:
-        self._set(event, "failed: stopped answering (CLIENT_DEAD)", failed=True)
+        self._set(event, f"dead: {event.get('reason') or 'stopped answering'}", failed=True)
+
+    def _on_client_back(self, event: dict[str, Any]) -> None:
+        site = self.sites.get(str(event.get("site")))
+        if site is not None:
+            site.failed = False  # alive again: its next states are shown
+        self._set(event, "back: takes part from the next round")
 
     def _on_process_exited(self, event: dict[str, Any]) -> None:  # the simulator's own event
         code = event.get("code")

@@ -81,7 +81,7 @@ class ProgressPrinter:
 
     def _on_workflow_started(self, event: dict[str, Any]) -> None:
         self.round, self.total, self.workflow = "?", "?", str(event["workflow"])
-        self.line(f"workflow {event['workflow']} started")
+        self.line(f"workflow {event['workflow']} {'resumed' if event.get('resumed') else 'started'}")
 
     def _on_round_started(self, event: dict[str, Any]) -> None:
         self._track_round(event)
@@ -104,7 +104,34 @@ class ProgressPrinter:
         )
 
     def _on_client_dead(self, event: dict[str, Any]) -> None:
-        self.line(f"{self._prefix()} {event['site']}: stopped answering (CLIENT_DEAD)")
+        why = event.get("reason") or "stopped answering"
+        self.line(f"{self._prefix()} {event['site']}: dead ({why}); left out of the rounds until it comes back")
+
+    def _on_client_back(self, event: dict[str, Any]) -> None:
+        self.line(f"{self._prefix()} {event['site']}: back; it takes part again from the next round")
+
+    def _on_round_replacements(self, event: dict[str, Any]) -> None:
+        lost, drawn = ", ".join(event.get("lost") or []), ", ".join(event.get("drawn") or [])
+        self.line(f"{self._prefix()} {lost} died during the round; asking {drawn} instead")
+
+    def _on_round_retried(self, event: dict[str, Any]) -> None:
+        lost = ", ".join(event.get("lost") or [])
+        self.line(f"{self._prefix()} too few results after {lost} died; playing the round again")
+
+    def _on_workflow_resumed(self, event: dict[str, Any]) -> None:
+        self._track_round(event)
+        self.line(f"{self._prefix()} resuming here: the rounds before it were played before the server stopped")
+
+    def _on_checkpoint_failed(self, event: dict[str, Any]) -> None:
+        self.line(f"{self._prefix()} checkpoint not written ({event.get('reason', '')}); the job goes on")
+
+    def _on_waiting_for_sites(self, event: dict[str, Any]) -> None:
+        alive, needed = len(event.get("alive") or []), event.get("needed")
+        dead = ", ".join(sorted(event.get("dead") or {}))
+        self.line(
+            f"{self._prefix()} waiting up to {event.get('timeout_s', 0):g} s for sites: {alive} alive, "
+            f"{needed} needed; dead: {dead}"
+        )
 
     def _on_round_done(self, event: dict[str, Any]) -> None:
         metrics = _format_metrics(event.get("metrics") or {})

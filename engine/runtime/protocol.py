@@ -11,6 +11,9 @@ TOPIC_SUBMIT = "submit"
 #: Header of every get and submit: the id of the job the client runs. A server refuses a client
 #: of another job (a late process of an earlier job on the same port, say).
 HEADER_JOB_ID = "job_id"
+#: Header of a task request and of a result: an id the client keeps while it asks again after a
+#: timeout or a lost connection, so that a repeat gets the first one's answer (see `engine.runtime.repeats`).
+HEADER_REQUEST_ID = "request_id"
 #: Server -> client, fire and forget: a task that targets it was just scheduled. A waiting
 #: client asks at once instead of at the end of its ``retry_s``.
 TOPIC_TASK_READY = "ready"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import shlex
 from typing import Any
 
 from engine.config import Job
@@ -16,10 +15,6 @@ def run_warnings(job: Job, clients: list[str]) -> list[str]:
 
     - A workflow that samples ``num_clients`` per round (FedAvg) with fewer than the run has:
       the others sit idle in some rounds, or in every round.
-    - A client executor whose ``task_script_args`` holds ``--num-shards K`` with K not the number
-      of clients. This is a heuristic for the digits example (``train.py`` deals its data into K
-      shards by site number): with more clients than shards, sites share a shard; with fewer,
-      part of the data is never used. A script that means something else by it is not harmed.
 
     Returns:
         One line per finding, naming the config file, its line, the key path and the fix.
@@ -35,22 +30,6 @@ def run_warnings(job: Job, clients: list[str]) -> list[str]:
                 message = f"{sampled} clients sampled per round, but the run has {n}: each round trains only {sampled}"
                 hint = f"set num_clients = {n} to train them all"
                 warnings.append(str(server.problem(("workflows", i, "args", "num_clients"), message, hint)))
-    seen = set()
-    for site in clients:
-        app = job.app_for(site)
-        document = app.client if app is not None else None
-        if document is None or document.display in seen:
-            continue
-        seen.add(document.display)
-        for i, item in enumerate(document.data.get("executors", [])):
-            shards = _num_shards(item.get("executor", {}).get("args", {}).get("task_script_args"))
-            if shards is not None and shards != n:
-                message = (
-                    f"--num-shards {shards}, but the run has {n} clients: "
-                    f"{'sites share a shard' if n > shards else 'part of the data goes unused'}"
-                )
-                key_path = ("executors", i, "executor", "args", "task_script_args")
-                warnings.append(str(document.problem(key_path, message, f"write --num-shards {n}")))
     return warnings
 
 
@@ -73,22 +52,3 @@ def _num_clients(entry: Any) -> int | None:
         return None
     default = parameter.default if parameter is not None else None
     return default if isinstance(default, int) and not isinstance(default, bool) else None
-
-
-def _num_shards(script_args: Any) -> int | None:
-    """K of ``--num-shards K`` (or ``--num-shards=K``) in a ``task_script_args`` string, if there."""
-    if not isinstance(script_args, str):
-        return None
-    try:
-        words = shlex.split(script_args)
-    except ValueError:
-        return None
-    for i, word in enumerate(words):
-        value = None
-        if word == "--num-shards" and i + 1 < len(words):
-            value = words[i + 1]
-        elif word.startswith("--num-shards="):
-            value = word.split("=", 1)[1]
-        if value is not None and value.isdigit():
-            return int(value)
-    return None

@@ -23,7 +23,8 @@ from engine.cells import Message, Reply, Status
 from engine.config import Job
 from engine.controller import Controller, SubmitOutcome, TaskQueue
 from engine.controller.context import JobContext, ReceivedStatus
-from engine.errors import CellError
+from engine.errors import CellError, CheckpointError, StreamingError
+from engine.fault_points import fault_point
 from engine.metrics import MetricsIntake
 from engine.model import DXO, FLModel, ReservedHeaderKey, ReturnCode, Shareable, shown_round
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
@@ -37,9 +38,14 @@ from engine.runtime.assembly import (
     streaming_settings,
 )
 from engine.runtime.job_end import JobOutcome, end_of_run_warnings, flush_components
+from engine.runtime.liveness import SiteLiveness
 from engine.runtime.payload import payload_bytes
+from engine.runtime.process import EVENTS_FILE
+from engine.runtime.repeats import RepeatedRequests
+from engine.runtime.stalls import DEFAULT_FOLD_WAIT_S, STALLED_AFTER, StallWatch
 from engine.runtime.states import JobState
 from engine.runtime.transfer_progress import DownloadProgress
+from engine.runtime.workflow_progress import CHECKPOINT_FOLDER, PROGRESS_FILE, WorkflowProgress, earlier_rounds
 from engine.site import SiteEndpoint, SiteSettings
 from engine.streaming.lazy import cleanup_lazy_refs
 from engine.streaming.pull import HeldDownload, release_held
@@ -53,7 +59,9 @@ END_RUN_GRACE_S = 15.0
 #: Seconds the server waits for every client to ask for work before the first workflow starts.
 CLIENTS_READY_TIMEOUT_S = 120.0
 #: A folded result waits for the task data's downloads to end (see `_on_submit`) at most until
-#: they have had no request for this long (a client that died or never came for the task).
+#: they have had no request for this long (a client that died or got stuck mid-pull). Receivers
+#: that never asked for a chunk are waited for ``fold_wait_s`` only (the server config's key,
+#: `DEFAULT_FOLD_WAIT_S` by default), then dropped (see `StallWatch`).
 FOLD_WAIT_IDLE_S = 10.0
 
 
@@ -67,10 +75,19 @@ class ServerJob:
         clients: The names of the clients that take part (``site-1`` ...).
         job_id: The job's id, as the clients will see it.
         report: Progress sink, ``report(event, **fields)``.
+        resume: The job ran before and its server stopped: workflows that completed are not run
+            again, the one that was running resumes from its checkpoint (`WorkflowProgress`).
     """
 
     def __init__(
-        self, job: Job, site: SiteSettings, workspace: Path, clients: list[str], job_id: str, report: Any = None
+        self,
+        job: Job,
+        site: SiteSettings,
+        workspace: Path,
+        clients: list[str],
+        job_id: str,
+        report: Any = None,
+        resume: bool = False,
     ) -> None:
         app = job.app_for("server")
         if app is None or app.server is None:
@@ -81,12 +98,16 @@ class ServerJob:
         self.workspace = workspace
         self.clients = clients
         self.job_id = job_id
+        self.resume = resume
+        self.progress = WorkflowProgress(workspace / CHECKPOINT_FOLDER / PROGRESS_FILE)
         self.abort_signal = threading.Event()
-        self.rounds: list[dict[str, Any]] = []
+        # A resumed job's summary holds the rounds played before the server stopped too.
+        self.rounds: list[dict[str, Any]] = earlier_rounds(workspace / EVENTS_FILE) if resume else []
+        self._earlier = {id(record) for record in self.rounds}  # the earlier run's: a replayed round replaces them
         self._report = report or (lambda event, **fields: None)
         self._lock = threading.Lock()
         self._seen: set[str] = set()
-        self._dead: set[str] = set()
+        self.liveness = SiteLiveness(clients)
         self._told_end: set[str] = set()
         self._task_frames: dict[int, tuple[Any, list[Any]]] = {}
         self._offers_of_task: dict[int, list[str]] = {}  # id(task) -> ref ids of its task data's downloads
@@ -98,13 +119,23 @@ class ServerJob:
         self._metrics: MetricsIntake | None = None
         self.chunks_served = 0
         self._downloads = DownloadProgress()  # the models clients are pulling, for progress events
+        self._fold_wait_s = float(app.server.data.get("fold_wait_s", DEFAULT_FOLD_WAIT_S))
+        self._stalls = StallWatch()
 
     def report(self, event: str, **fields: Any) -> None:
         """Forward a progress event (its ``round`` counted from 1), keeping the rounds for the job's summary."""
         if event == "round_done" and self._metrics is not None:  # the global model's metrics, e.g. TensorBoard
             self._metrics.from_server(fields.get("metrics"), fields.get("round"))
         fields = _one_based_round(fields)
-        if event == "round_done":
+        if event == "round_done" and self._stalls.stalled():  # sites that keep leaving their task unpulled
+            fields["stalled"] = self._stalls.stalled()
+        if event == "round_done":  # a round played again after a resume replaces the earlier record
+            while (
+                self.rounds
+                and id(self.rounds[-1]) in self._earlier
+                and self.rounds[-1].get("round", 0) >= fields.get("round", 0)
+            ):
+                self.rounds.pop()
             self.rounds.append(fields)
         self._report(event, **fields)
 
@@ -127,15 +158,22 @@ class ServerJob:
         configure_tensor_pool(config)
         self.endpoint = SiteEndpoint.for_site(self.site, settings, workspace=self.workspace)
         allowlist = self.endpoint.cell.allowlist
-        if allowlist is not None:  # the job's port lets in the job's own sites only
-            allowlist.keep_only({client.split(".", 1)[0] for client in self.clients})
+        revoked = self.liveness.revoked()  # told before the job listened
+        if allowlist is not None:  # the job's port lets in the job's own sites only, none revoked
+            allowlist.keep_only({client.split(".", 1)[0] for client in self.clients} - revoked)
         self.endpoint.start()
         self.cell = self.endpoint.cell
         self.codec = self.endpoint.codec
+        # A pull from a site known dead (its process ended) is not asked again: it fails at once.
+        context = self.codec.context
+        self.codec.context = dataclasses.replace(context, retry=dataclasses.replace(context.retry, gone=self._gone))
         self.queue = TaskQueue(self.clients)
+        self.liveness.attach(self.queue)
         self.queue.set_schedule_listener(self._tell_task_ready)
-        self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, self._on_get_task)
-        self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_SUBMIT, self._on_submit)
+        # A client asks again after a timeout or a lost connection: a repeat gets the first answer.
+        repeats = RepeatedRequests(self.queue.expects_result, 10 * self.codec.context.per_request_timeout_s)
+        self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, repeats.get_task(self._on_get_task))
+        self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_SUBMIT, repeats.submit(self._on_submit))
         self.cell.register_handler(CCWF_CHANNEL, TOPIC_STATUS, self._on_status)
         self.cell.register_handler(protocol.METRICS_CHANNEL, protocol.TOPIC_METRIC, self._on_metric)
         monitor = threading.Thread(target=self._monitor, name="server-monitor", daemon=True)
@@ -149,7 +187,7 @@ class ServerJob:
             settings,
             disk_downloads=self.endpoint.downloads_to_disk,
             status_reports=self._status_reports,
-            dead_clients=self._dead_clients,
+            dead_clients=self.liveness.dead,
         )
         try:
             missing = self._wait_clients_ready(CLIENTS_READY_TIMEOUT_S)
@@ -171,6 +209,58 @@ class ServerJob:
             self._metrics.close()  # after the cell: no handler writes a metric any more
         return outcome
 
+    def client_exited(self, site: str, code: int | None = None) -> None:
+        """``site``'s job process ended (its parent saw it): it is dead at once, not after the heartbeat timeout.
+
+        Called by the runtime's parent (the simulator's launcher, the server daemon) from any thread.
+        """
+        if not self.liveness.is_client(site):
+            log.warning("exit notice ignored: %r is not a client of this job", site)
+            return
+        reason = "its process exited" if code is None else f"its process exited with code {code}"
+        self._mark_dead(site, reason)
+
+    def site_revoked(self, site: str) -> None:
+        """``site``'s key left the project's allowlist: the job's port refuses it from now on, and it is dead.
+
+        Called by the server daemon (on the job process's stdin) when a reloaded kit removes the site.
+        """
+        if not self.liveness.is_client(site):
+            log.warning("revocation notice ignored: %r is not a client of this job", site)
+            return
+        self.liveness.revoke(site)  # `run` leaves it out of the job's allowlist if it has not built it yet
+        endpoint = getattr(self, "endpoint", None)
+        allowlist = endpoint.cell.allowlist if endpoint is not None else None
+        if allowlist is not None:
+            allowlist.keep_only(set(allowlist.identities()) - {site})
+        self._mark_dead(site, "revoked: its key left the server's allowlist")
+
+    def _gone(self, target: str) -> str | None:
+        """Why ``target`` (a cell of a site) is dead, or None."""
+        return self.liveness.dead().get(target.split(".", 1)[0])
+
+    def _mark_dead(self, site: str, reason: str, unregister: bool = True) -> None:
+        """``site`` is dead: its open tasks end CLIENT_DEAD and workflows leave it out (a no-op once it is).
+
+        With ``unregister`` (its process ended, or it was revoked: the cell does not know yet) the
+        cell forgets it at once, so requests waiting for its replies fail now, not at the timeout.
+        """
+        with self._lock:
+            if site in self._told_end:  # it heard END_RUN and left: no death
+                return
+        if self.liveness.mark_dead(site, reason):
+            log.warning("client dead site=%s reason=%s", site, reason)
+            self.report("client_dead", site=site, reason=reason)
+            cell = getattr(self, "cell", None)
+            if cell is not None and unregister:
+                with contextlib.suppress(CellError):  # requests waiting for it fail now, not at the timeout
+                    cell.forget_peer(site, f"{site} is dead: {reason}")
+            with self._lock:  # nobody waits for a dead site to finish pulling its task's model
+                refs = [ref for offers in self._offers_of_task.values() for ref in offers]
+            endpoint = getattr(self, "endpoint", None)
+            if refs and endpoint is not None and endpoint.service is not None:
+                endpoint.service.drop_receiver(refs, site)
+
     def abort(self, reason: str = "aborted") -> None:
         """Stop the job: the running workflow sees its abort signal."""
         self._abort_reason = reason
@@ -179,6 +269,10 @@ class ServerJob:
     # ----------------------------------------------------------------- workflows
 
     def _run_workflows(self, workflows: dict[str, Any], context: JobContext) -> JobOutcome:
+        try:
+            done, running = self.progress.read() if self.resume else ([], None)
+        except CheckpointError as e:
+            return JobOutcome(JobState.FINISHED_EXECUTION_EXCEPTION, f"cannot resume: {e}", self.rounds)
         for workflow_id, workflow in workflows.items():
             if self.abort_signal.is_set():
                 break
@@ -188,9 +282,23 @@ class ServerJob:
                     f"workflow {workflow_id!r} is a {type(workflow).__name__}, not an engine.controller.Controller",
                     self.rounds,
                 )
-            workflow.bind(self.queue, self.abort_signal, context)
-            log.info("workflow started id=%s", workflow_id)
-            self.report("workflow_started", workflow=workflow_id)
+            if workflow_id in done:  # it completed before the server stopped
+                log.info("workflow completed before the restart, not run again id=%s", workflow_id)
+                continue
+            resuming = workflow_id == running
+            if resuming and not workflow.resumable:
+                reason = (
+                    f"workflow {workflow_id!r} ({type(workflow).__name__}) was running when the server stopped "
+                    "and cannot resume; submit the job again to start over"
+                )
+                return JobOutcome(JobState.FINISHED_ABORTED, reason, self.rounds)
+            folder = self.workspace / CHECKPOINT_FOLDER / workflow_id
+            own = dataclasses.replace(context, checkpoint_dir=folder, resuming=resuming)
+            workflow.bind(self.queue, self.abort_signal, own)
+            self.progress.started(workflow_id)
+            fault_point("workflow_started")  # the fault suite's hook: a crash once a workflow runs
+            log.info("workflow %s id=%s", "resumed" if resuming else "started", workflow_id)
+            self.report("workflow_started", workflow=workflow_id, resumed=resuming)
             try:
                 workflow.run()
             except Exception as e:
@@ -199,6 +307,8 @@ class ServerJob:
                 return JobOutcome(JobState.FINISHED_EXECUTION_EXCEPTION, reason, self.rounds)
             finally:
                 self.queue.cancel_all()
+            if not self.abort_signal.is_set():
+                self.progress.completed(workflow_id)
         if self.abort_signal.is_set():
             return JobOutcome(JobState.FINISHED_ABORTED, getattr(self, "_abort_reason", "aborted"), self.rounds)
         return JobOutcome(JobState.FINISHED_COMPLETED, "", self.rounds)
@@ -207,8 +317,9 @@ class ServerJob:
         """Wait until every client has asked for work (so task timeouts do not count start-up time)."""
         deadline = time.monotonic() + timeout_s
         while not self.abort_signal.is_set():
+            revoked = self.liveness.revoked()  # it will never connect: the workflows go on without it
             with self._lock:
-                missing = [site for site in self.clients if site not in self._seen]
+                missing = [site for site in self.clients if site not in self._seen and site not in revoked]
             if not missing or time.monotonic() > deadline:
                 return missing
             self.abort_signal.wait(0.05)
@@ -218,7 +329,7 @@ class ServerJob:
         deadline = time.monotonic() + END_RUN_GRACE_S
         while time.monotonic() < deadline:
             with self._lock:
-                waiting = self._seen - self._dead - self._told_end
+                waiting = self._seen - set(self.liveness.dead()) - self._told_end
             if not waiting:
                 return
             self._stopped.wait(0.1)
@@ -254,6 +365,10 @@ class ServerJob:
             self._seen.add(site)
         if joined:
             log.info("client asked for work site=%s", site)
+        back = None if self.queue.ended else self.liveness.back(site)
+        if back is not None:  # its process was restarted (or it was only away): it takes tasks again
+            log.warning("client back site=%s (was dead: %s)", site, back)
+            self.report("client_back", site=site, was=back)
         if self.queue.ended:
             with self._lock:
                 self._told_end.add(site)
@@ -334,10 +449,6 @@ class ServerJob:
         with self._lock:
             return dict(self._status.get(workflow, {}))
 
-    def _dead_clients(self) -> set[str]:
-        with self._lock:
-            return set(self._dead)
-
     def _on_submit(self, message: Message) -> Reply:
         refused = self._not_a_client(message)
         if refused is not None:
@@ -349,11 +460,27 @@ class ServerJob:
         receiver = self._receiver_of(message)
         with self._lock:
             offers = self._task_offers.pop(str(message.header.get("task_id", "")), [])
+        if offers:  # the submitter is done with the task's data, whether it got all of it or not
+            self.endpoint.service.drop_receiver(offers, message.source)
         if receiver is not None and offers:
             # Folding starts once every client has the model the task sent (its downloads end),
             # so the server never holds that model and a growing sum at once.
+            # A receiver that has not asked for a chunk within ``fold_wait_s`` is not waited for
+            # when the task can get the results it needs without it: it is dropped, so the model
+            # is freed once those that pulled are done (one that is only slow is waited for).
             idle_s = min(self.codec.context.per_request_timeout_s, FOLD_WAIT_IDLE_S)
-            self.endpoint.service.wait_finished(offers, idle_s, self.abort_signal)
+            service = self.endpoint.service
+            skipped: set[str] = set()
+            task_id = str(message.header.get("task_id", ""))
+            if not service.wait_finished(offers, min(idle_s, self._fold_wait_s), self.abort_signal):
+                unpulled = service.never_pulled(offers)
+                skipped = unpulled if unpulled and self.queue.can_do_without(task_id, unpulled) else set()
+                for site in skipped:
+                    log.warning("task data not pulled site=%s waited_s=%g: not waited for", site, self._fold_wait_s)
+                    service.drop_receiver(offers, site)
+                service.wait_finished(offers, idle_s, self.abort_signal)
+            for site in self._stalls.judged(offers, self.clients, skipped):
+                self.report("site_stalled", site=site, tasks_in_a_row=STALLED_AFTER)
         slot = self._memory_slot if not self.endpoint.receives_to_disk else None
         if receiver is None:
             with slot or contextlib.nullcontext():
@@ -449,7 +576,14 @@ class ServerJob:
         return Reply(header={"outcome": outcome.value, "held": bool(held)})
 
     def _refold(self, frames: list[Any], site: str, limit: int, what: str, sink: Any) -> None:
-        """Pull a folded result of ``site`` once more, into ``sink`` (a rebuild of the round's sum)."""
+        """Pull a folded result of ``site`` once more, into ``sink`` (a rebuild of the round's sum).
+
+        Raises:
+            StreamingError: ``site`` is dead (its process ended): nothing to pull, no time spent waiting.
+        """
+        why = self.liveness.dead().get(site)
+        if why is not None:
+            raise StreamingError(f"{site} is dead ({why}): its result cannot be pulled again")
         decoded = self.codec.decode(frames, sender=site, max_bytes=limit, what=what, fold=lambda peeked: sink, held=[])
         del decoded  # its tensors went to the sink; only meta tensors are left
 
@@ -465,8 +599,7 @@ class ServerJob:
                 self.queue.check()
                 connected = {peer.split(".", 1)[0] for peer in self.cell.peers()}
                 with self._lock:  # a client that heard END_RUN leaves; that is not a death
-                    gone = self._seen - self._dead - self._told_end - connected
-                    self._dead |= gone
+                    gone = self._seen - set(self.liveness.dead()) - self._told_end - connected
                     sent = list(self._sent_bytes.items())
                 for task_id, (site, _) in sent:  # tasks that ended without a result
                     if self.queue.expects_result(site, task_id) is not SubmitOutcome.ACCEPTED:
@@ -475,10 +608,9 @@ class ServerJob:
                         self._downloads.ended(task_id)
                 for fields in self._downloads.poll(self._bytes_served()):
                     self.report("download_progress", **fields)
+                timeout_s = self.site.cell.heartbeat_timeout_s
                 for site in sorted(gone):
-                    log.warning("client stopped answering heartbeats site=%s", site)
-                    self.report("client_dead", site=site)
-                    self.queue.client_dead(site)
+                    self._mark_dead(site, f"no heartbeat for {timeout_s:g} s", unregister=False)
             except Exception:
                 log.exception("server monitor error")
 

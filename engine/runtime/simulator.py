@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: The run's throw-away keys, under its workspace; removed when the run ends.
 KEYS_FOLDER = "keys"
+#: What ``flengine run --resume`` needs of a run (job folder, clients, job id, allowed folders), in its workspace.
+RUN_FILE = "run.json"
 #: Seconds to wait for the server to report its endpoint.
 STARTUP_TIMEOUT_S = 60.0
 #: Seconds processes get to exit by themselves before they are terminated, then killed.
@@ -70,6 +72,52 @@ class SimulationResult:
         if self.state is JobState.FINISHED_COMPLETED:
             return 0
         return 130 if self.state is JobState.FINISHED_ABORTED else 1
+
+
+def resume_simulation(
+    workspace: str | os.PathLike[str],
+    out: IO[str] | None = None,
+    verbose: bool = False,
+    live: bool | None = None,
+) -> SimulationResult:
+    """Run a killed simulation again in its workspace: its job resumes from the last completed round.
+
+    The job folder, the clients and the allowed folders are the run's (``run.json`` in the
+    workspace); the server resumes each workflow from its checkpoint (workflows that completed
+    are not run again); fresh keys are made; the summary covers the whole job.
+
+    Raises:
+        UsageError: The folder is not a simulator workspace, or its run already completed.
+        ConfigError: The job folder no longer validates.
+    """
+    folder = Path(workspace).resolve()
+    try:
+        record = json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))
+        job_dir, clients = Path(record["job"]), [str(site) for site in record["clients"]]
+        allowed = [Path(p) for p in record.get("allowed_dirs") or []]
+        job_id = str(record["job_id"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(
+            f"--resume {workspace}: not the workspace of a flengine run ({RUN_FILE} unreadable: {e})"
+        ) from e
+    previous, _ = server_result(folder)
+    if previous is JobState.FINISHED_COMPLETED:
+        raise UsageError(f"--resume {workspace}: that run completed; nothing to resume")
+    paths = [str(job_dir), str(folder), *map(str, allowed)]
+    launcher = Launcher(paths[0], command_line_room(paths, len(clients)))
+    try:
+        job = load_job(job_dir)
+        insecure = _insecure(job, ["server", *clients])
+        warnings = run_warnings(job, clients)
+        for stale in (folder / "server" / "result.json", folder / SUMMARY_FILE):
+            stale.unlink(missing_ok=True)  # the killed run's: this run writes its own
+        shutil.rmtree(folder / KEYS_FOLDER, ignore_errors=True)  # throw-away keys: new ones
+    except BaseException:
+        launcher.close()
+        raise
+    run = _Run(job, clients, folder, job_id, out or sys.stdout, verbose, insecure, allowed, live, resume=True)
+    run.launcher, run.warnings = launcher, warnings
+    return run.execute()
 
 
 def run_simulation(
@@ -207,8 +255,10 @@ class _Run:
         insecure: bool,
         allowed_dirs: list[Path],
         live: bool | None = None,
+        resume: bool = False,
     ) -> None:
         self.job = job
+        self.resume = resume
         self.insecure = insecure
         self.allowed_dirs = allowed_dirs
         self.keys: dict[str, Path] = {}
@@ -231,7 +281,9 @@ class _Run:
 
     def execute(self) -> SimulationResult:
         self._enter(JobState.SUBMITTED)
-        self.printer.line(f"job {self.job.name}: {len(self.clients)} clients, workspace {self.folder}")
+        again = " (resumed from its last completed round)" if self.resume else ""
+        self.printer.line(f"job {self.job.name}: {len(self.clients)} clients, workspace {self.folder}{again}")
+        self._record_run()
         if self.insecure:
             self.printer.line(INSECURE_WARNING)
         for warning in self.warnings:
@@ -271,19 +323,39 @@ class _Run:
         for line in timing_lines(summary["timings"]) if self.verbose else []:
             self.printer.line(line)
         self.printer.line(report_hint(self.folder))
+        if state is not JobState.FINISHED_COMPLETED and (self.folder / "server" / "checkpoint").is_dir():
+            self.printer.line(f"resume: flengine run --resume {self.folder}  (from its last completed round)")
         return SimulationResult(state, self.folder, summary)
+
+    def _record_run(self) -> None:
+        """Write what a later ``flengine run --resume`` needs (`RUN_FILE`)."""
+        record = {
+            "job": str(self.job.folder.resolve()),
+            "clients": self.clients,
+            "job_id": self.job_id,
+            "allowed_dirs": [str(folder) for folder in self.allowed_dirs],
+        }
+        (self.folder / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
     def _enter(self, state: JobState) -> None:
         self.states.append({"state": state.value, "time": datetime.now().isoformat(timespec="seconds")})
 
     def _supervise(self) -> tuple[JobState, str]:
-        commands = {"server": self._arguments("server", ["--clients", ",".join(self.clients)])}
-        commands.update({site: self._arguments(site, ["--connect", "-"]) for site in self.clients})
+        server_extra = ["--clients", ",".join(self.clients), "--exit-notices", *(["--resume"] if self.resume else [])]
+        commands = {"server": self._arguments("server", server_extra)}
+        # The clients know the job's sites: a script's shard is its site's place in that list.
+        client_extra = ["--connect", "-", "--clients", ",".join(self.clients)]
+        commands.update({site: self._arguments(site, client_extra) for site in self.clients})
         assert self.launcher is not None
         for site, argv in commands.items():  # all at once: the clients build their executors meanwhile
             (self.folder / site).mkdir(parents=True, exist_ok=True)
             process = self.launcher.start(
-                site, argv, self.folder / site, capture=site == "server", endpoint_pipe=site != "server"
+                site,
+                argv,
+                self.folder / site,
+                capture=site == "server",
+                endpoint_pipe=site != "server",
+                exit_notices=site == "server",
             )
             self.processes[site] = process
         server = self.processes["server"]

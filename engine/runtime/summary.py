@@ -1,6 +1,7 @@
 """What a run leaves in ``<workspace>/summary.json``, gathered from the files its processes wrote.
 
-The server writes its outcome to ``server/result.json`` (state, reason, rounds, warnings), each
+The server writes its outcome to ``server/result.json`` (state, reason, rounds, warnings, the
+deaths and returns of sites), each
 process its figures to ``<site>/process.json`` (peak RSS), each client its events to
 ``<site>/events.jsonl`` (``client_ready``: when it had built its executors), and a cross-site
 evaluation workflow its matrix to ``server/cross_site_val.json``. The simulator adds what it saw
@@ -64,10 +65,12 @@ def write_summary(workspace: Path, fields: dict[str, Any], exit_codes: dict[str,
     """
     rounds: list[dict[str, Any]] = []
     server_warnings: list[str] = []
+    site_events: list[dict[str, Any]] = []
     try:
         record = json.loads((workspace / "server" / RESULT_FILE).read_text(encoding="utf-8"))
         rounds = record.get("rounds", [])
         server_warnings = [str(line) for line in record.get("warnings") or []]
+        site_events = [event for event in record.get("site_events") or [] if isinstance(event, dict)]
     except (OSError, ValueError, AttributeError):
         pass
     processes = {}
@@ -87,6 +90,8 @@ def write_summary(workspace: Path, fields: dict[str, Any], exit_codes: dict[str,
         "warnings": [*fields.get("warnings", []), *server_warnings],
         "processes": processes,
     }
+    if site_events:  # sites that died and came back during the run, in order
+        summary["site_events"] = site_events
     if timings is not None:
         summary["timings"] = timings
     matrix_file = workspace / "server" / CROSS_SITE_FILE

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from engine.security.keys import (
     ALLOWLIST_FOLDER,
+    PUBLIC_SUFFIX,
     SERVER_KEY_FILE,
     load_allowlist,
     load_cell_security,
@@ -22,6 +23,7 @@ from engine.security.keys import (
 
 __all__ = [
     "ALLOWLIST_FOLDER",
+    "PUBLIC_SUFFIX",
     "SERVER_KEY_FILE",
     "load_allowlist",
     "load_cell_security",

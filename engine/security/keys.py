@@ -20,6 +20,7 @@ import datetime
 import os
 import re
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 import zmq
@@ -111,33 +112,44 @@ def load_secret_key(path: Path) -> tuple[bytes, bytes]:
     return public, secret
 
 
-def load_allowlist(folder: Path) -> Allowlist:
-    """Read every ``IDENTITY.key`` of ``folder`` into an allowlist.
+def load_allowlist(folder: Path, identities: Iterable[str] | None = None) -> Allowlist:
+    """Read the allowlist of a server's keys folder.
+
+    Args:
+        folder: The ``allowlist`` folder (one ``IDENTITY.key`` per peer).
+        identities: The identities to read, ``folder/IDENTITY.key`` each, and nothing else
+            (a kit passes the files its manifest lists, so a file left behind by a copy is
+            never read). None reads every ``*.key`` of the folder (a throw-away keys folder
+            of the simulator).
 
     Raises:
-        SecurityError: A missing or empty folder, a malformed file, a file whose metadata names
-            another identity, or one key under two identities.
+        SecurityError: A missing or empty folder, a missing or malformed file, a file whose
+            metadata names another identity, or one key under two identities.
     """
     if not folder.is_dir():
         raise SecurityError(f"{folder}: no allowlist folder; a server needs one file IDENTITY.key per peer it accepts")
-    identities: dict[str, bytes] = {}
-    for path in sorted(folder.glob(f"*{PUBLIC_SUFFIX}")):
+    if identities is None:
+        paths = sorted(folder.glob(f"*{PUBLIC_SUFFIX}"))
+    else:
+        paths = [folder / f"{identity}{PUBLIC_SUFFIX}" for identity in sorted(set(identities))]
+    keys: dict[str, bytes] = {}
+    for path in paths:
         identity = path.name[: -len(PUBLIC_SUFFIX)]
         if not is_valid_fqcn(identity) or "." in identity:
             raise SecurityError(f"{path}: {identity!r} is not a valid identity (a cell name without dots)")
         key, named = load_public_key(path)
         if named is not None and named != identity:
             raise SecurityError(f"{path}: the file is named for {identity!r} but its metadata says {named!r}")
-        identities[identity] = key
-    if not identities:
+        keys[identity] = key
+    if not keys:
         raise SecurityError(f"{folder}: the allowlist is empty; no peer could connect")
     try:
-        return Allowlist(identities)
+        return Allowlist(keys)
     except ValueError as e:
         raise SecurityError(f"{folder}: {e}") from e
 
 
-def load_cell_security(keys_dir: Path, name: str, server: bool) -> CellSecurity:
+def load_cell_security(keys_dir: Path, name: str, server: bool, allowlist: Iterable[str] | None = None) -> CellSecurity:
     """Load what the cell of site ``name`` needs from its keys folder (see the module docstring).
 
     Args:
@@ -145,13 +157,15 @@ def load_cell_security(keys_dir: Path, name: str, server: bool) -> CellSecurity:
         name: The site's identity; its key pair is ``NAME.key_secret``.
         server: True for the server cell (loads the allowlist), False for a client (loads
             ``server.key``).
+        allowlist: A server: the identities whose ``allowlist/IDENTITY.key`` it reads (see
+            `load_allowlist`); None reads every key file there.
 
     Raises:
         SecurityError: Naming the file that is missing, malformed or unsafe.
     """
     public, secret = load_secret_key(keys_dir / f"{name}{SECRET_SUFFIX}")
     if server:
-        return CellSecurity(public, secret, allowlist=load_allowlist(keys_dir / ALLOWLIST_FOLDER))
+        return CellSecurity(public, secret, allowlist=load_allowlist(keys_dir / ALLOWLIST_FOLDER, allowlist))
     server_key, _ = load_public_key(keys_dir / SERVER_KEY_FILE)
     return CellSecurity(public, secret, server_public_key=server_key)
 

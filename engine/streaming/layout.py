@@ -21,7 +21,17 @@ import torch
 
 from engine.errors import StreamingError
 from engine.fobs.dtypes import torch_dtype
-from engine.fobs.tensor_layout import LENGTH_PREFIX, METADATA_KEY, TensorEntry, encode_header, lay_out
+from engine.fobs.tensor_layout import (
+    LENGTH_PREFIX,
+    MAX_HEADER_INT,
+    METADATA_KEY,
+    TensorEntry,
+    encode_header,
+    header_nbytes,
+    is_header_int,
+    lay_out,
+    shown,
+)
 
 #: A received header larger than this is refused unread (safetensors uses the same bound).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -90,6 +100,8 @@ class StreamLayout:
             fields = json.loads(bytes(header[LENGTH_PREFIX.size :]), object_pairs_hook=_refuse_duplicate_keys)
         except (ValueError, UnicodeDecodeError) as e:
             raise StreamingError(f"safetensors header is not valid JSON: {e}") from e
+        except RecursionError as e:
+            raise StreamingError("safetensors header nests lists or objects too deeply to be a header") from e
         if not isinstance(fields, dict):
             raise StreamingError("safetensors header must be a JSON object")
         metadata = fields.pop(METADATA_KEY, None)
@@ -153,15 +165,18 @@ def _parse_entry(name: str, spec: object) -> TensorEntry:
     except Exception as e:
         raise StreamingError(f"tensor {name!r}: {e}") from e
     shape, offsets = spec["shape"], spec["data_offsets"]
-    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
-        raise StreamingError(f"tensor {name!r}: invalid shape {shape!r}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int and n >= 0 for n in offsets)):
-        raise StreamingError(f"tensor {name!r}: invalid data_offsets {offsets!r}")
+    if not isinstance(shape, list) or not all(is_header_int(n) for n in shape):
+        raise StreamingError(f"tensor {name!r}: invalid shape {shown(shape)} (dims are integers 0 .. 2**64 - 1)")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_header_int(n) for n in offsets)):
+        raise StreamingError(f"tensor {name!r}: invalid data_offsets {shown(offsets)}")
     begin, end = offsets
-    expected = math.prod(shape) * itemsize
+    expected = header_nbytes(shape, itemsize)
+    if expected is None:
+        raise StreamingError(f"tensor {name!r}: shape {shown(shape)} holds more than {MAX_HEADER_INT} bytes")
     if end - begin != expected:
         raise StreamingError(
-            f"tensor {name!r}: shape {shape} of {spec['dtype']} needs {expected} bytes, offsets give {end - begin}"
+            f"tensor {name!r}: shape {shown(shape)} of {spec['dtype']} needs {expected} bytes, "
+            f"offsets give {end - begin}"
         )
     return TensorEntry(name, spec["dtype"], tuple(shape), begin, end)
 

@@ -2,15 +2,16 @@
 
 `download_tensors` / `download_file` ask for the info, refuse a stream of the other kind, then
 keep several chunk requests in flight, each bounded by the per-request timeout, and hand every
-chunk to a consumer as it lands; `ByteBudget` bounds what one message's downloads may announce;
-a download pulled with ``held`` is reported done later (`release_held`), so it can be pulled again.
+chunk to a consumer as it lands (`engine.streaming.chunks`: a request lost to a timeout or a
+dropped connection is asked again, as a `RetryPolicy` says, for the missing chunk only);
+`ByteBudget` bounds what one message's downloads may announce; a download pulled with ``held``
+is reported done later (`release_held`), so it can be pulled again.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -18,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.cells import Cell, Message
+from engine.cells.retry import NO_RETRY, RetryPolicy, request_with_retries
 from engine.errors import CellError, StreamingError
+from engine.streaming.chunks import ChunkPuller
 from engine.streaming.consumers import ChunkConsumer, FileConsumer, MemoryConsumer, StreamConsumer
 from engine.streaming.downloadable import KIND_FILE, KIND_TENSORS
 from engine.streaming.layout import StreamLayout
-from engine.streaming.service import CHANNEL, TOPIC_CHUNK, TOPIC_DONE, TOPIC_INFO
+from engine.streaming.service import CHANNEL, TOPIC_DONE, TOPIC_INFO
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,7 @@ def download_tensors(
     budget: ByteBudget | None = None,
     min_throughput: int = 0,
     held: list[HeldDownload] | None = None,
+    retry: RetryPolicy = NO_RETRY,
 ) -> Any:
     """Pull download ``ref`` from cell ``source`` and return what the consumer builds.
 
@@ -112,10 +116,14 @@ def download_tensors(
         held: When given, the sender is not told that the download is complete: ``(source,
             ref)`` is appended instead, so the stream can be pulled again; `release_held` tells
             the sender later.
+        retry: How a request (the info or a chunk) lost to a timeout or a dropped connection is
+            asked again; `NO_RETRY` (the default) fails the download at the first loss. Only the
+            lost chunk is asked again: what landed is never pulled twice.
 
     Raises:
-        StreamingError: The sender refused, went silent past the per-request timeout or the
-            stream's deadline, vanished,
+        StreamingError: The sender refused, went silent past the per-request timeout (after
+            the retries) or the stream's deadline, stayed unreachable beyond the cell's
+            heartbeat timeout, vanished,
             offered a file instead of tensors, or sent something that does not fit; the message
             names the ref and the sender. What was received so far is freed.
     """
@@ -130,7 +138,7 @@ def download_tensors(
         return consumer_factory(layout, chunk_bytes)
 
     return _download(
-        cell, source, ref, KIND_TENSORS, consumer_of, per_request_timeout_s, max_in_flight, min_throughput, held
+        cell, source, ref, KIND_TENSORS, consumer_of, per_request_timeout_s, max_in_flight, min_throughput, held, retry
     )
 
 
@@ -143,6 +151,7 @@ def download_file(
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     budget: ByteBudget | None = None,
     min_throughput: int = 0,
+    retry: RetryPolicy = NO_RETRY,
 ) -> Path:
     """Pull the file offered as ``ref`` by cell ``source`` into the new file ``path``; return it.
 
@@ -155,6 +164,7 @@ def download_file(
         max_in_flight: Chunk requests kept outstanding at once.
         budget: As `download_tensors`.
         min_throughput: As `download_tensors`.
+        retry: As `download_tensors`.
 
     Raises:
         StreamingError: As `download_tensors`, or the sender offers tensors instead of a file.
@@ -168,7 +178,9 @@ def download_file(
             budget.take(size_bytes, where, chunk_bytes)
         return FileConsumer(size_bytes, chunk_bytes, path)
 
-    return _download(cell, source, ref, KIND_FILE, consumer_of, per_request_timeout_s, max_in_flight, min_throughput)
+    return _download(
+        cell, source, ref, KIND_FILE, consumer_of, per_request_timeout_s, max_in_flight, min_throughput, retry=retry
+    )
 
 
 def _download(
@@ -181,6 +193,7 @@ def _download(
     max_in_flight: int,
     min_throughput: int,
     held: list[HeldDownload] | None = None,
+    retry: RetryPolicy = NO_RETRY,
 ) -> Any:
     """Ask for the info, check its kind and chunk size, pull every chunk, report completion (or hold it)."""
     where = f"download {ref!r} from {source!r}"
@@ -188,9 +201,9 @@ def _download(
         raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
     if type(min_throughput) is not int or min_throughput < 0:
         raise ValueError(f"min_throughput must be an integer >= 0, got {min_throughput!r}")
-    started = time.monotonic()
+    asked = time.monotonic()
     try:
-        info = cell.request(source, CHANNEL, TOPIC_INFO, {"ref": ref}, timeout_s=timeout_s)
+        info = request_with_retries(cell, source, CHANNEL, TOPIC_INFO, {"ref": ref}, timeout_s=timeout_s, policy=retry)
     except CellError as e:
         raise StreamingError(f"{where} failed: {e}") from e
     offered = info.header.get("kind", KIND_TENSORS)  # senders before files existed sent no kind
@@ -200,11 +213,20 @@ def _download(
     if type(chunk_bytes) is not int or chunk_bytes <= 0:
         raise StreamingError(f"{where}: the sender announced an invalid chunk size {chunk_bytes!r}")
     consumer = consumer_of(info, chunk_bytes, where)
+    # The stream's deadline counts from the info's answer, less one attempt: retries of the
+    # info (the sender away for a moment) do not eat into it.
+    started = max(asked, time.monotonic() - timeout_s)
     deadline = math.inf
     if min_throughput:
         deadline = started + timeout_s + consumer.total_bytes / min_throughput
     try:
-        _pull_chunks(cell, source, ref, consumer, timeout_s, max_in_flight, deadline, where)
+        puller = ChunkPuller(cell, source, ref, consumer, timeout_s, max_in_flight, deadline, where, retry)
+        pulled = time.monotonic()
+        puller.run()
+        log.debug(
+            "%s: %d bytes in %.3f s, %d chunk requests asked again",
+            where, consumer.total_bytes, time.monotonic() - pulled, puller.retried,
+        )  # fmt: skip
         result = consumer.finish()
     except BaseException:
         consumer.abort()
@@ -231,145 +253,3 @@ def release_held(cell: Cell, held: Iterable[HeldDownload]) -> None:
     """
     for source, ref in dict.fromkeys(held):
         report_done(cell, source, ref)
-
-
-def _pull_chunks(
-    cell: Cell,
-    source: str,
-    ref: str,
-    consumer: ChunkConsumer,
-    timeout_s: float,
-    max_in_flight: int,
-    deadline: float,
-    where: str,
-) -> None:
-    puller = _ChunkPuller(cell, source, ref, consumer, timeout_s, max_in_flight, deadline, where)
-    started = time.monotonic()
-    puller.run()
-    elapsed = time.monotonic() - started
-    log.debug("%s: %d bytes in %.3f s", where, consumer.total_bytes, elapsed)
-
-
-class _ChunkPuller:
-    """Keeps ``max_in_flight`` chunk requests out and places each reply as it lands.
-
-    A consumer that places chunks in memory (``places_on_io_thread``) takes each reply in the
-    request's callback, on the cell's I/O thread, which also asks for the next chunk: a chunk
-    then costs no hand-off between threads (about a tenth of a receiver's CPU per GiB on a
-    2-core VM). Any other consumer (files, which may block on the disk) takes chunks on the
-    calling thread, so the I/O thread never waits on it.
-    """
-
-    def __init__(
-        self,
-        cell: Cell,
-        source: str,
-        ref: str,
-        consumer: ChunkConsumer,
-        timeout_s: float,
-        max_in_flight: int,
-        deadline: float,
-        where: str,
-    ) -> None:
-        self._cell, self._source, self._ref = cell, source, ref
-        self._consumer, self._timeout_s, self._where = consumer, timeout_s, where
-        self._deadline = deadline  # time.monotonic() by which the whole stream must be in
-        self._max_in_flight = max_in_flight
-        self._on_io_thread = consumer.places_on_io_thread
-        self._lock = threading.Lock()  # guards the counters and the error
-        self._place_lock = threading.Lock()  # one accept at a time
-        self._landed: queue.SimpleQueue[tuple[int, Message]] = queue.SimpleQueue()
-        self._finished = threading.Event()
-        self._next_index = 0
-        self._outstanding = 0
-        self._replies = 0
-        self._error: BaseException | None = None
-
-    def run(self) -> None:
-        """Pull every chunk; raise the first failure (`StreamingError` for a refused chunk)."""
-        if self._consumer.chunk_count == 0:
-            return
-        for _ in range(min(self._max_in_flight, self._consumer.chunk_count)):
-            self._ask()
-        # The cell resolves every request by its own timeout; the margin only guards that.
-        wait_s = self._timeout_s + 5.0
-        while not self._finished.is_set():
-            left_s = self._deadline - time.monotonic()
-            if left_s <= 0:
-                self._fail(self._too_slow())
-                continue
-            if self._on_io_thread:
-                progress = self._replies
-                if not self._finished.wait(min(wait_s, left_s)) and self._replies == progress and left_s > wait_s:
-                    self._fail(StreamingError(f"{self._where}: no chunk arrived within {self._timeout_s:g} s"))
-                continue
-            try:
-                index, reply = self._landed.get(timeout=min(wait_s, left_s))
-            except queue.Empty:
-                if left_s > wait_s:
-                    self._fail(StreamingError(f"{self._where}: no chunk arrived within {self._timeout_s:g} s"))
-                continue
-            self._take(index, reply)
-        if self._error is not None:
-            with self._place_lock:  # no chunk is being placed once the caller aborts the consumer
-                pass
-            raise self._error
-
-    def _too_slow(self) -> StreamingError:
-        with self._lock:
-            landed = self._replies
-        return StreamingError(
-            f"{self._where}: the sender is too slow: {landed} of {self._consumer.chunk_count} chunks of "
-            f"{self._consumer.total_bytes} bytes arrived by the stream's deadline (streaming_min_throughput)"
-        )
-
-    def _ask(self) -> None:
-        with self._lock:
-            if self._error is not None or self._next_index >= self._consumer.chunk_count:
-                return
-            index = self._next_index
-            self._next_index += 1
-            self._outstanding += 1
-        try:
-            future = self._cell.request_async(
-                self._source, CHANNEL, TOPIC_CHUNK, {"ref": self._ref, "index": index}, timeout_s=self._timeout_s
-            )
-        except Exception as e:  # the cell stopped: no reply will ever come for this one
-            with self._lock:
-                self._outstanding -= 1
-            self._fail(StreamingError(f"{self._where}: chunk {index} could not be requested: {e}"))
-            return
-        future.add_done_callback(lambda done: self._on_reply(index, done.result()))
-
-    def _on_reply(self, index: int, reply: Message) -> None:
-        if self._on_io_thread:
-            self._take(index, reply)
-        else:
-            self._landed.put((index, reply))
-
-    def _take(self, index: int, reply: Message) -> None:
-        error: BaseException | None = None
-        if not reply.ok:
-            error = StreamingError(f"{self._where}: chunk {index} failed ({reply.status.value}): {reply.reason}")
-        else:
-            self._ask()  # before placing this chunk, so the pipe stays full
-            try:
-                with self._place_lock:
-                    if self._error is None:
-                        self._consumer.accept(index, reply.frames)
-            except BaseException as e:  # reported to run(), which aborts the consumer
-                error = e
-        with self._lock:
-            self._outstanding -= 1
-            self._replies += 1
-            done = self._outstanding == 0
-        if error is not None:
-            self._fail(error)
-        elif done:
-            self._finished.set()
-
-    def _fail(self, error: BaseException) -> None:
-        with self._lock:
-            if self._error is None:
-                self._error = error
-        self._finished.set()

@@ -17,6 +17,7 @@ import torch
 
 from engine.cells import Cell, Message, Reply, Status
 from engine.errors import StreamingError
+from engine.fault_points import fault_point
 from engine.streaming.downloadable import FileDownloadable, TensorDownloadable
 from engine.streaming.transactions import DownloadRefused, DownloadRegistry
 
@@ -120,6 +121,10 @@ class DownloadService:
         """Free the offers ``refs`` now, whatever their receivers did; return the ones that were open."""
         return self.registry.drop(refs)
 
+    def never_pulled(self, refs: Iterable[str]) -> set[str]:
+        """Receivers of the offers ``refs`` that never asked for a chunk (see `DownloadRegistry.never_pulled`)."""
+        return self.registry.never_pulled(refs)
+
     def drop_receiver(self, refs: Iterable[str], receiver: str) -> None:
         """Stop waiting for ``receiver`` on the offers ``refs`` (it will never pull: it did not take the message)."""
         for ref in refs:
@@ -164,6 +169,7 @@ class DownloadService:
             with self._count_lock:
                 self.chunks_served += 1
                 self._bytes_served[message.source] = self._bytes_served.get(message.source, 0) + size
+            fault_point("chunk_served")  # the fault suite's hook: a crash mid-download
             return Reply(header={"index": index}, frames=frames)
         except (DownloadRefused, StreamingError) as e:
             return Reply(status=Status.ERROR, reason=str(e))

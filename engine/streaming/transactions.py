@@ -34,6 +34,7 @@ class _Transaction:
     deadline: float
     done: set[str] = field(default_factory=set)
     held: bool = False
+    pulled: set[str] = field(default_factory=set)  # receivers that asked for it at least once
 
 
 class DownloadRegistry:
@@ -91,6 +92,7 @@ class DownloadRegistry:
             if transaction is None:
                 raise DownloadRefused(f"unknown or finished download {ref!r}")
             transaction.deadline = self._clock() + transaction.timeout_s
+            transaction.pulled.add(requester)
             return transaction.downloadable
 
     def serves_from_memory(self, ref: object) -> bool:
@@ -129,6 +131,12 @@ class DownloadRegistry:
         transaction.downloadable.release()
         log.debug("download finished ref=%s receivers=%d", ref, len(transaction.done))
         return True
+
+    def never_pulled(self, refs: Iterable[str]) -> set[str]:
+        """The receivers of the open transactions ``refs`` that have not asked for a single chunk yet."""
+        with self._lock:
+            open_ = [self._transactions[ref] for ref in set(refs) if ref in self._transactions]
+            return {name for t in open_ for name in t.receivers - t.done - t.pulled}
 
     def hold(self, refs: Iterable[str]) -> None:
         """Keep the transactions ``refs`` past their deadline, until their receivers finish or `drop`."""

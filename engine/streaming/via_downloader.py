@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from engine.cells import Cell
+from engine.cells.retry import DEFAULT_RETRIES, DEFAULT_RETRY_BACKOFF_S, RetryPolicy
 from engine.errors import SerializationError, StreamingError
 from engine.fobs import Datum, DatumType, DecodeContext, EncodeContext, Registry
 from engine.fobs.arrays import NumpyArrayDecomposer, TensorDecomposer
@@ -68,12 +69,15 @@ class StreamingContext:
         array_chunk_bytes: Chunk size for numpy arrays, in bytes; 0 sends them inline.
         per_request_timeout_s: Longest wait for one chunk request when receiving.
         transaction_timeout_s: Seconds without requests after which an offer is dropped; None
-            (the default) means ``per_request_timeout_s``: a receiver silent for longer than
-            one request may take is gone.
+            (the default) means ``per_request_timeout_s`` plus the waits of all of ``retry``'s
+            retries: a receiver silent for longer than one request and its retries may take
+            is gone.
         consumer_factory: Where received chunks land (tensors in memory by default).
         max_in_flight: Chunk requests a receiver keeps outstanding at once (>= 1).
         min_throughput: Bytes per second a received stream must keep up on average (see
             `download_tensors`); 0: no bound beyond the per-request timeout.
+        retry: How a chunk request lost to a timeout or a dropped connection is asked again
+            (``streaming_retries``, ``streaming_retry_backoff_s``).
         sender: When receiving one message: the cell it came from, as the cells layer
             authenticated it. Its references must name that cell as the owner of their data, so
             a message cannot make the receiver pull from a third cell. None: not checked.
@@ -98,6 +102,7 @@ class StreamingContext:
     consumer_factory: ConsumerFactory = MemoryConsumer
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     min_throughput: int = DEFAULT_MIN_THROUGHPUT
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
     sender: str | None = None
     budget: ByteBudget | None = None
     peek: bool = False
@@ -107,7 +112,7 @@ class StreamingContext:
 
     def __post_init__(self) -> None:
         if self.transaction_timeout_s is None:
-            object.__setattr__(self, "transaction_timeout_s", self.per_request_timeout_s)
+            object.__setattr__(self, "transaction_timeout_s", self.per_request_timeout_s + self.retry.window_s())
 
     @classmethod
     def from_config(
@@ -120,9 +125,9 @@ class StreamingContext:
         """Build the context from a validated job config (``config_fed_server`` / ``config_fed_client``).
 
         Reads ``tensor_download_chunk_size``, ``np_download_chunk_size``,
-        ``streaming_per_request_timeout``, ``streaming_max_requests_in_flight`` and
-        ``streaming_min_throughput``; an absent key
-        takes its schema default. Other keys are ignored.
+        ``streaming_per_request_timeout``, ``streaming_max_requests_in_flight``,
+        ``streaming_min_throughput``, ``streaming_retries`` and ``streaming_retry_backoff_s``;
+        an absent key takes its schema default. Other keys are ignored.
 
         Args:
             cell: This side's cell.
@@ -146,6 +151,7 @@ class StreamingContext:
             consumer_factory=consumer_factory,
             max_in_flight=_setting(config, "streaming_max_requests_in_flight", DEFAULT_MAX_IN_FLIGHT, minimum=1),
             min_throughput=_setting(config, "streaming_min_throughput", DEFAULT_MIN_THROUGHPUT, minimum=0),
+            retry=retry_policy_of(config),
         )
 
 
@@ -177,6 +183,17 @@ def check_owner(context: StreamingContext, owner: object, what: str) -> None:
         )
 
 
+def retry_policy_of(config: Mapping[str, Any]) -> RetryPolicy:
+    """The `RetryPolicy` of a config's ``streaming_retries`` and ``streaming_retry_backoff_s`` (absent: defaults).
+
+    Raises:
+        StreamingError: A value of the wrong type or range; the message names the key, the value
+            and what it must be.
+    """
+    retries = _setting(config, "streaming_retries", DEFAULT_RETRIES, minimum=0)
+    return RetryPolicy(retries, _timeout_setting(config, "streaming_retry_backoff_s", DEFAULT_RETRY_BACKOFF_S))
+
+
 def _setting(config: Mapping[str, Any], key: str, default: int, minimum: int) -> int:
     value = config.get(key, default)
     if type(value) is not int or value < minimum:
@@ -184,8 +201,8 @@ def _setting(config: Mapping[str, Any], key: str, default: int, minimum: int) ->
     return value
 
 
-def _timeout_setting(config: Mapping[str, Any], key: str) -> float:
-    value = config.get(key, DEFAULT_PER_REQUEST_TIMEOUT_S)
+def _timeout_setting(config: Mapping[str, Any], key: str, default: float = DEFAULT_PER_REQUEST_TIMEOUT_S) -> float:
+    value = config.get(key, default)
     if type(value) not in (int, float) or not value > 0:
         raise StreamingError(f"{key}: expected seconds > 0, got {value!r}")
     return float(value)
@@ -256,6 +273,7 @@ class _ViaDownloader(ABC):
             context.budget,
             context.min_throughput,
             context.held,
+            context.retry,
         )
 
     def lookup(self, data: Any, ctx: DecodeContext, as_numpy: bool = False) -> torch.Tensor | LazyRef:

@@ -126,6 +126,7 @@ class ViaFileDecomposer(Decomposer[T]):
                 context.max_in_flight,
                 context.budget,
                 context.min_throughput,
+                context.retry,
             )
             return self.load_from_file(path)
 

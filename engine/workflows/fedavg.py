@@ -61,6 +61,15 @@ class FedAvg(RoundLoop):
         sample_seed: Seed of the per-round sampling, so a run samples the same clients again;
             None: a new random choice each run. The clients each round sampled are in its
             ``sampled`` (round events and ``summary.json``).
+        site_wait_timeout: Seconds a round waits for sites to come back while fewer than
+            ``min_clients`` are alive; then the job ends, naming the dead sites.
+
+    Sites that die (their job process ended, or no heartbeat within the heartbeat timeout) are
+    not sampled; one that dies during a round is replaced by a live site that was not sampled
+    when the round can no longer get ``min_clients`` results without it, and a round left short
+    all the same is played again once enough sites are alive. A site that comes back (its job
+    process restarted) is sampled again from the next round on. The round's ``dead`` and
+    ``replacements`` (round events and ``summary.json``) say who.
 
     A refused result (wrong round or type, names, shapes or dtypes unlike the model's, a
     non-finite value, an out-of-bounds weight) costs that site its contribution to the round,
@@ -88,6 +97,7 @@ class FedAvg(RoundLoop):
         metric_ranges: dict[str, list[float]] | None = None,
         sample_fraction: float | None = None,
         sample_seed: int | None = None,
+        site_wait_timeout: float = 60.0,
     ) -> None:
         super().__init__(persistor_id)
         _check_positive("num_clients", num_clients)
@@ -118,6 +128,7 @@ class FedAvg(RoundLoop):
             download_to_disk=download_to_disk,
             download_to_disk_dir=download_to_disk_dir,
             rules=ResultRules.from_args(allow_non_finite, metric_ranges),
+            site_wait_timeout=site_wait_timeout,
         )
         self.num_clients = num_clients
         self.aggregation_weights = dict(aggregation_weights or {})
@@ -144,8 +155,18 @@ class FedAvg(RoundLoop):
         return self.context.get_component(self.aggregator_id, ModelAggregator, key="aggregator_id")
 
     def round_clients(self, rng: random.Random) -> list[str]:
-        """``num_clients`` of the job's clients (or ``sample_fraction`` of them), chosen at random."""
-        return self.sample_clients(self._sample_count(), rng)
+        """``num_clients`` of the job's live clients (or ``sample_fraction`` of the job's), chosen at random."""
+        count = self._sample_count()
+        live = self.live_clients()
+        if count < len(live):
+            return sorted(rng.sample(live, count))
+        if count > len(self.get_clients()):
+            log.warning("num_clients=%d but only %d clients run the job; using all", count, len(self.get_clients()))
+        return live
+
+    def min_live_clients(self) -> int:
+        """Sites alive for a round to start: ``min_clients`` (``num_clients`` by default), at most the job's."""
+        return min(self.min_clients or self._sample_count(), len(self.get_clients()))
 
     def check_result(self, result: FLModel, client: str, current_round: int, reference: dict[str, Any]) -> None:
         """Refuse a result of the wrong params type, unlike the model sent, or with non-finite values.

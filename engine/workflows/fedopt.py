@@ -39,8 +39,10 @@ class FedOpt(FedAvg):
     persistor's checkpoint, so no second model copy is made. The optimizer state (``m``, ``v``: up
     to two model copies in float32) is kept in memory, or, with ``download_to_disk``, in files in
     a ``fedopt_state-*`` folder of the server's workspace that are read and written a block at a
-    time (the server's memory stays FedAvg's). The state lasts one run: the folder is deleted when
-    the workflow ends, and a run continued with ``start_round`` starts from zero state.
+    time (the server's memory stays FedAvg's). The state is in the workflow's checkpoint after
+    every round (written a tensor at a time), so a job resumed after the server stopped goes on
+    with it; the folder is deleted when the workflow ends, and a new run continued with
+    ``start_round`` starts from zero state.
 
     Example:
         In ``config_fed_server.conf``::
@@ -68,6 +70,7 @@ class FedOpt(FedAvg):
         metric_ranges: dict[str, list[float]] | None = None,
         sample_fraction: float | None = None,
         sample_seed: int | None = None,
+        site_wait_timeout: float = 60.0,
         server_optimizer: str = "adam",
         server_lr: float | None = None,
         momentum: float = 0.9,
@@ -93,6 +96,7 @@ class FedOpt(FedAvg):
             metric_ranges=metric_ranges,
             sample_fraction=sample_fraction,
             sample_seed=sample_seed,
+            site_wait_timeout=site_wait_timeout,
         )
         self.optimizer = ServerOptimizer.from_args(server_optimizer, server_lr, momentum, beta1, beta2, epsilon)
         self._state: OptimizerState | None = None
@@ -118,6 +122,19 @@ class FedOpt(FedAvg):
         shown = shown_round(current_round)
         log.info("server optimizer step: round=%d optimizer=%s lr=%g", shown, optimizer.name, optimizer.lr)
         return FLModel(params=params, params_type=ParamsType.FULL, metrics=update.metrics, meta=dict(model.meta))
+
+    def algorithm_state(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """The optimizer's moments (``"<slot>/<param>"``), none before its first step."""
+        return {}, ({} if self._state is None else self._state.export_tensors())
+
+    def restore_algorithm_state(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        """The moments of the resumed run, in a fresh store."""
+        if self._state is not None:
+            self._state.close()
+            self._state = None
+        if tensors:
+            self._state = self._new_state()
+            self._state.import_tensors(tensors)
 
     def _new_state(self) -> OptimizerState:
         """In files with ``download_to_disk`` (blocks as large as `ServerOptimizer.apply` reads), else in memory."""

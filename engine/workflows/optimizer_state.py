@@ -38,6 +38,19 @@ class OptimizerState(Protocol):
     def close(self) -> None:
         """Forget the state (a file store deletes its folder)."""
 
+    def export_tensors(self) -> dict[str, torch.Tensor]:
+        """Every state tensor, flat, as ``"<slot>/<param name>"`` (for a checkpoint; valid until the next change)."""
+
+    def import_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Take back what `export_tensors` gave (a resumed run, before its first step)."""
+
+
+def _split_key(key: str) -> tuple[str, str]:
+    slot, sep, name = key.partition("/")
+    if not sep or not slot or not name:
+        raise ValueError(f"optimizer state {key!r}: expected '<slot>/<param name>'")
+    return slot, name
+
 
 class MemoryState:
     """The state as tensors in memory, one flat tensor per slot and name (zeros when first asked for)."""
@@ -57,6 +70,13 @@ class MemoryState:
 
     def close(self) -> None:
         self._tensors.clear()
+
+    def export_tensors(self) -> dict[str, torch.Tensor]:
+        return {f"{slot}/{name}": tensor for (slot, name), tensor in self._tensors.items()}
+
+    def import_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        for key, tensor in tensors.items():
+            self._tensors[_split_key(key)] = tensor.flatten().clone()
 
 
 class FileState:
@@ -106,6 +126,30 @@ class FileState:
         position, written = offset + start * block.element_size(), 0
         while written < data.size:
             written += os.pwritev(self._files[slot], [data[written:]], position + written)
+
+    def export_tensors(self) -> dict[str, torch.Tensor]:
+        """The state as views of its files mapped in memory (page cache, not the server's own memory)."""
+        mapped = {
+            slot: torch.from_file(str(self.folder / slot), shared=True, size=end, dtype=torch.uint8)
+            for slot, end in self._ends.items()
+            if end
+        }
+        out = {}
+        for (slot, name), (offset, numel, dtype) in self._ranges.items():
+            size = numel * torch.empty(0, dtype=dtype).element_size()
+            out[f"{slot}/{name}"] = mapped[slot][offset : offset + size].view(dtype)
+        return out
+
+    def import_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Write each tensor into its slot's file, a block at a time."""
+        for key, tensor in tensors.items():
+            slot, name = _split_key(key)
+            flat = tensor.flatten()
+            for start in range(0, flat.numel(), self._block_elements):
+                count = min(self._block_elements, flat.numel() - start)
+                block = self.block(slot, name, flat.numel(), flat.dtype, start, count)
+                block.copy_(flat[start : start + count])
+                self.commit(slot, name, start, block)
 
     def _range(self, slot: str, name: str, numel: int, dtype: torch.dtype) -> int:
         """The byte offset of ``name``'s state in ``slot``'s file (given one now if it has none)."""

@@ -17,6 +17,14 @@ the hooks, as a Flower ``Strategy`` fills in ``configure_fit`` / ``aggregate_fit
 Memory: the model a round starts from is checkpointed in a thread of its own while the clients
 download it, and the first result waits for that save; a `task_data` that hands the params over
 to the task (FedAvg's) leaves the loop holding no global weights while the clients train.
+
+Sites that die: dead sites are not asked; one that dies mid-round is replaced by a live site not
+asked yet, a round left short all the same is played again, and while fewer sites than
+`min_live_clients` are alive the loop waits up to ``site_wait_timeout`` (`engine.workflows.round_sites`).
+
+Resuming: once a round's model is saved, the loop records what playing that round again needs
+(`engine.workflows.checkpoint`); a job run again after its server stopped resumes there, with the
+same sampling draws, the persistor's best model, and the algorithm's state (`algorithm_state`).
 """
 
 from __future__ import annotations
@@ -24,7 +32,6 @@ from __future__ import annotations
 import functools
 import logging
 import random
-import threading
 import time
 from abc import abstractmethod
 from collections.abc import Callable
@@ -35,6 +42,8 @@ import torch
 from engine.aggregators import ModelAggregator, ResultRules
 from engine.aggregators.folding import FoldingModelAggregator, ResultFold
 from engine.controller.context import DiskDownloadArea
+from engine.errors import WorkflowError
+from engine.fault_points import fault_point
 from engine.model import (
     FLModel,
     ParamsType,
@@ -45,8 +54,17 @@ from engine.model import (
     shareable_from_model,
 )
 from engine.paths import JobPaths
+from engine.workflows.background_save import BackgroundSave
+from engine.workflows.checkpoint import RoundCheckpoint, record_round, resume_round_loop
 from engine.workflows.downloads import check_download_dir, disk_figures, receiving_to_disk
 from engine.workflows.model_controller import ModelController
+from engine.workflows.round_sites import (
+    MAX_ROUND_RETRIES,
+    RoundTally,
+    check_site_wait_timeout,
+    draw_replacements,
+    wait_for_sites,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +94,7 @@ class RoundLoop(ModelController):
         with its own `update_global`).
     """
 
+    resumable = True
     num_rounds: int = 1
     start_round: int = 0
     min_clients: int | None = None
@@ -86,6 +105,7 @@ class RoundLoop(ModelController):
     download_to_disk: bool = False
     download_to_disk_dir: str | None = None
     sample_seed: int | None = None
+    site_wait_timeout: float = 60.0
     rules: ResultRules = ResultRules()
 
     def configure_loop(
@@ -101,6 +121,7 @@ class RoundLoop(ModelController):
         download_to_disk: bool = False,
         download_to_disk_dir: str | None = None,
         rules: ResultRules | None = None,
+        site_wait_timeout: float = 60.0,
     ) -> None:
         """Set the loop's settings (the algorithm's constructor has checked its args).
 
@@ -117,6 +138,8 @@ class RoundLoop(ModelController):
             download_to_disk: Results download to disk first while the loop runs.
             download_to_disk_dir: Where they go (see `receiving_to_disk`).
             rules: The checks of every result (non-finite values, metric ranges).
+            site_wait_timeout: Seconds a round waits for sites to come back while fewer than it
+                needs are alive (`min_live_clients`); then the job ends naming the dead sites.
         """
         self.num_rounds = num_rounds
         self.start_round = start_round
@@ -128,6 +151,7 @@ class RoundLoop(ModelController):
         self.download_to_disk = download_to_disk
         self.download_to_disk_dir = download_to_disk_dir
         self.rules = rules or ResultRules()
+        self.site_wait_timeout = check_site_wait_timeout(site_wait_timeout)
 
     # -- hooks --------------------------------------------------------------------------------------
 
@@ -136,12 +160,17 @@ class RoundLoop(ModelController):
         """The aggregator of the run's rounds (called once per `run`)."""
 
     def round_clients(self, rng: random.Random) -> list[str]:
-        """The clients asked this round: all of the job's by default.
+        """The clients asked this round: all of the job's that are alive, by default.
 
         Args:
             rng: The run's random source, seeded with ``sample_seed`` (for sampling that repeats).
         """
-        return list(self.get_clients())
+        return self.live_clients()
+
+    def min_live_clients(self) -> int:
+        """Sites that must be alive for a round to start: ``min_clients`` (all of the job's by default)."""
+        clients = self.get_clients()
+        return min(self.min_clients or len(clients), len(clients))
 
     def results_needed(self, clients: list[str]) -> int:
         """Usable results this round needs: ``min_clients``, at most the clients asked (all of them by default)."""
@@ -168,11 +197,28 @@ class RoundLoop(ModelController):
         self.rules.check_values(result.params or {}, client)
         result.metrics = self.rules.accepted_metrics(result.metrics, client, current_round) or None
 
+    def algorithm_state(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """The algorithm's state between rounds that a resumed run needs: (JSON values, tensors); none by default.
+
+        Called after a round's model is saved, while the next round runs (the state must not
+        change until `update_global`). FedOpt gives its optimizer's moments, SCAFFOLD its
+        control variate.
+        """
+        return {}, {}
+
+    def restore_algorithm_state(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        """Take back what `algorithm_state` gave, when the run resumes (after `make_aggregator`)."""
+
     @abstractmethod
     def update_global(self, model: FLModel, update: FLModel, current_round: int, reference: dict[str, Any]) -> FLModel:
         """The new global model from the round's ``model`` (params None if handed to the task) and the aggregate."""
 
     # -- the loop -----------------------------------------------------------------------------------
+
+    def live_clients(self) -> list[str]:
+        """The job's clients that are not dead (their process ended, or no heartbeat), in the job's order."""
+        dead = self.context.dead()
+        return [client for client in self.get_clients() if client not in dead]
 
     def use_job_paths(self, paths: JobPaths) -> None:
         """At job start: refuse a ``download_to_disk_dir`` outside the site's folders (see `check_download_dir`)."""
@@ -189,58 +235,22 @@ class RoundLoop(ModelController):
         # so a site cannot make the server pull every other result twice each round.
         self._whole_from: set[str] = set()
         rng = random.Random(self.sample_seed)
+        checkpoint = RoundCheckpoint(self.context.checkpoint_dir) if self.context.checkpoint_dir else None
+        first_round = None
+        if checkpoint is not None and self.context.resuming:
+            first_round = resume_round_loop(self, checkpoint, rng)
         model = self.load_model()
         model.total_rounds = self.num_rounds
-        for current_round in range(self.start_round, self.start_round + self.num_rounds):
+        end = self.start_round + self.num_rounds
+        for current_round in range(self.start_round if first_round is None else first_round, end):
             if self.abort_signal.is_set():
                 break  # the last round's model is still saved
             started = time.monotonic()
-            clients = self.round_clients(rng)
-            needed = self.results_needed(clients)
-            self.context.report("round_started", round=current_round, total_rounds=self.num_rounds, clients=clients)
-            aggregator.reset_stats()
-            aggregator.start_round(current_round, functools.partial(self._global_params, model))
-            accepted: list[str] = []
-
-            # The model this round starts from is checkpointed while the clients download it
-            # (from the first round on, the persistor can give the global model back). The
-            # first result waits for that save: the old weights are gone before results pile up.
-            saving = _BackgroundSave(self.save_model, model)
-            reference = layout_of(model.params or {})
-            accept = functools.partial(self._accept, aggregator, reference, accepted, saving, current_round)
-            # Results are folded chunk by chunk into the aggregator's sum as they arrive. One that
-            # fails midway (its sender died, a NaN in its last tensor, a straggler cut off when
-            # the round closed) taints the sum, which is then rebuilt from the other results
-            # (pulled once more from their senders, who hold them until the round's mean exists).
-            receiver = None
-            if isinstance(aggregator, FoldingModelAggregator) and not self.download_to_disk:
-                receiver = functools.partial(self._receive, aggregator, reference, saving, current_round)
-            try:
-                self.send_and_gather(
-                    self.task_data(model, current_round),
-                    targets=clients,
-                    task_name=self.task_name,
-                    current_round=current_round,
-                    total_rounds=self.num_rounds,
-                    timeout=self.train_timeout,
-                    wait_time_after_min_received=self.wait_time_after_min_received,
-                    min_responses=needed,
-                    callback=accept,
-                    release_after_send=True,
-                    cancel_on_error=not self.ignore_result_error,
-                    result_receiver=receiver,
-                )
-            finally:
-                saving.wait()
-                if receiver is not None:
-                    aggregator.close()  # results still open fail (and taint the sum if they folded anything)
-            if receiver is not None and aggregator.tainted() and len(accepted) >= needed:
-                self._rebuild(aggregator, accepted, current_round)  # else the round fails below
-            self._check_round(current_round, accepted, needed)
-            if self.abort_signal.is_set():
+            tally = self._play_round(aggregator, model, current_round, rng, checkpoint)
+            if tally is None or self.abort_signal.is_set():
                 return
             update = aggregator.aggregate_model()
-            model = self.update_global(model, update, current_round, reference)
+            model = self.update_global(model, update, current_round, tally.reference)
             del update  # its tensors are the new model's: held by `model` alone from here on
             model.current_round = current_round
             model.total_rounds = self.num_rounds
@@ -250,13 +260,148 @@ class RoundLoop(ModelController):
                 total_rounds=self.num_rounds,
                 time_s=round(time.monotonic() - started, 3),
                 metrics=dict(model.metrics or {}),
-                clients=sorted(accepted),
-                sampled=clients,
+                clients=sorted(tally.accepted),
+                sampled=tally.asked,
                 failed=dict(self.failures),
                 refused=dict(self.refused),
+                **tally.site_fields(self.context.dead_reasons()),
                 **disk_figures(area, current_round),
             )
         self.save_model(model)
+        if checkpoint is not None and not self.abort_signal.is_set():
+            record_round(self, checkpoint, end, rng.getstate(), set(self._whole_from))
+
+    def _play_round(
+        self,
+        aggregator: ModelAggregator,
+        model: FLModel,
+        current_round: int,
+        rng: random.Random,
+        checkpoint: RoundCheckpoint | None = None,
+    ) -> RoundTally | None:
+        """Gather the round's results into ``aggregator``; None when the job was aborted meanwhile.
+
+        Sites found dead are not asked. A site that dies during the round is replaced by a live
+        one that was not asked (when the loop samples); a round left short by deaths is played
+        again (at most `MAX_ROUND_RETRIES` times) once enough sites are alive.
+
+        Raises:
+            WorkflowError: Too few sites alive for longer than ``site_wait_timeout``, or too few
+                usable results for a reason other than deaths.
+        """
+        # The model this round starts from is checkpointed while the clients download it (from
+        # the first round on, the persistor can give the global model back). The first result
+        # waits for that save: the old weights are gone before results pile up.
+        reference = layout_of(model.params or {})
+        saving: BackgroundSave | None = None
+        # Once the round's model is saved, the checkpoint records what playing this round again needs.
+        after_save = None
+        if checkpoint is not None:
+            after_save = functools.partial(
+                record_round, self, checkpoint, current_round, rng.getstate(), set(self._whole_from)
+            )
+        for attempt in range(MAX_ROUND_RETRIES + 1):
+            wait_for_sites(
+                self.context,
+                self.live_clients,
+                len(self.get_clients()),
+                self.min_live_clients(),
+                self.site_wait_timeout,
+                self.abort_signal,
+                current_round,
+            )
+            if self.abort_signal.is_set():
+                return None
+            tally = RoundTally(asked=self.round_clients(rng), reference=reference)
+            needed = self.results_needed(tally.asked)
+            self.context.report(
+                "round_started", round=current_round, total_rounds=self.num_rounds, clients=list(tally.asked)
+            )
+            aggregator.reset_stats()
+            aggregator.start_round(current_round, functools.partial(self._global_params, model))
+            if saving is None:
+                saving = BackgroundSave(self.save_model, model, after_save)
+            self._gather(aggregator, model, current_round, rng, tally, needed, saving)
+            if self.abort_signal.is_set():
+                return None
+            lost = tally.lost(self.context.dead())
+            if len(tally.accepted) < needed and lost and attempt < MAX_ROUND_RETRIES:
+                log.warning(
+                    "round %d played again: %d usable result(s), %d needed; lost: %s",
+                    current_round + 1,
+                    len(tally.accepted),
+                    needed,
+                    ", ".join(lost),
+                )
+                self.context.report("round_retried", round=current_round, lost=lost, failed=dict(self.failures))
+                continue
+            self._check_round(current_round, tally.accepted, needed)
+            return tally
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _gather(
+        self,
+        aggregator: ModelAggregator,
+        model: FLModel,
+        current_round: int,
+        rng: random.Random,
+        tally: RoundTally,
+        needed: int,
+        saving: BackgroundSave,
+    ) -> None:
+        """Send the round's task to ``tally.asked``, take their results; ask live replacements for sites that died."""
+        accept = functools.partial(self._accept, aggregator, tally.reference, tally.accepted, saving, current_round)
+        # Results are folded chunk by chunk into the aggregator's sum as they arrive. One that
+        # fails midway (its sender died, a NaN in its last tensor, a straggler cut off when
+        # the round closed) taints the sum, which is then rebuilt from the other results
+        # (pulled once more from their senders, who hold them until the round's mean exists).
+        receiver = None
+        if isinstance(aggregator, FoldingModelAggregator) and not self.download_to_disk:
+            receiver = functools.partial(self._receive, aggregator, tally.reference, saving, current_round)
+        targets = list(tally.asked)
+        try:
+            while targets:
+                self.send_and_gather(
+                    self.task_data(self._model_to_send(model, saving), current_round),
+                    targets=targets,
+                    task_name=self.task_name,
+                    current_round=current_round,
+                    total_rounds=self.num_rounds,
+                    timeout=self.train_timeout,
+                    wait_time_after_min_received=self.wait_time_after_min_received,
+                    min_responses=min(max(needed - len(tally.accepted), 0), len(targets)),
+                    callback=accept,
+                    release_after_send=True,
+                    cancel_on_error=not self.ignore_result_error,
+                    result_receiver=receiver,
+                )
+                tally.take_outcomes(self.failures, self.refused, self.errors)
+                stop_on_error = bool(self.errors) and not self.ignore_result_error
+                if len(tally.accepted) >= needed or self.abort_signal.is_set() or stop_on_error:
+                    break
+                count = needed - len(tally.accepted)
+                targets = draw_replacements(self.context, self.live_clients(), rng, tally, count, current_round)
+        finally:
+            saving.wait()
+            if receiver is not None:
+                aggregator.close()  # results still open fail (and taint the sum if they folded anything)
+        self.failures, self.refused, self.errors = tally.failures, tally.refused, tally.errors
+        if receiver is not None and aggregator.tainted() and len(tally.accepted) >= needed:
+            self._rebuild(aggregator, tally.accepted, current_round)  # else the round fails below
+
+    def _model_to_send(self, model: FLModel, saving: BackgroundSave) -> FLModel:
+        """``model``, or, once its params were handed to a task, the same model read back from its checkpoint."""
+        if model.params is not None:
+            return model
+        saving.wait()  # the round's model is on disk once its save is over
+        return FLModel(
+            params=self.load_model().params,
+            params_type=model.params_type,
+            metrics=model.metrics,
+            meta=dict(model.meta or {}),
+            current_round=model.current_round,
+            total_rounds=model.total_rounds,
+        )
 
     def _rebuild(self, aggregator: FoldingModelAggregator, accepted: list[str], current_round: int) -> None:
         """Make the round's sum again without the results that failed midway; drop the ones it could not redo."""
@@ -282,12 +427,12 @@ class RoundLoop(ModelController):
     def _check_round(self, current_round: int, accepted: list[str], needed: int) -> None:
         """Raise when a client's error ends the round (``ignore_result_error`` off) or too few results are usable."""
         if self.errors and not self.ignore_result_error:
-            raise RuntimeError(f"round {current_round + 1}: a client's result is an error: {self.errors}")
+            raise WorkflowError(f"round {current_round + 1}: a client's result is an error: {self.errors}")
         if self.abort_signal.is_set():
             return
         if len(accepted) < needed:
             reasons = "; ".join(f"{client}: {why}" for client, why in sorted(self.failures.items()))
-            raise RuntimeError(
+            raise WorkflowError(
                 f"round {current_round + 1}: {len(accepted)} usable result(s), "
                 f"{needed} needed (min_clients); {reasons or 'no reason reported'}"
             )
@@ -297,7 +442,7 @@ class RoundLoop(ModelController):
         aggregator: ModelAggregator,
         reference: dict[str, Any],
         accepted: list[str],
-        saving: _BackgroundSave,
+        saving: BackgroundSave,
         current_round: int,
         result: FLModel,
         client: str,
@@ -311,12 +456,13 @@ class RoundLoop(ModelController):
         self.check_result(result, client, current_round, reference)
         aggregator.accept_model(result, client)
         accepted.append(client)
+        fault_point("result_aggregated")  # the fault suite's hook: a crash mid-aggregation
 
     def _receive(
         self,
         aggregator: FoldingModelAggregator,
         reference: dict[str, Any],
-        saving: _BackgroundSave,
+        saving: BackgroundSave,
         current_round: int,
         header: Shareable,
         client: str,
@@ -394,32 +540,6 @@ def shareable_from_model_params(
             start_round=start_round,
         )
     )
-
-
-class _BackgroundSave:
-    """``save(model)`` in a thread of its own, so the clients download the model meanwhile."""
-
-    def __init__(self, save: Callable[[FLModel], None], model: FLModel) -> None:
-        self._error: BaseException | None = None
-        snapshot = FLModel(params=model.params, params_type=model.params_type, metrics=model.metrics, meta=model.meta)
-        self._thread = threading.Thread(target=self._run, args=(save, snapshot), name="round-save", daemon=True)
-        self._thread.start()
-
-    def _run(self, save: Callable[[FLModel], None], model: FLModel) -> None:
-        try:
-            save(model)
-        except BaseException as e:  # noqa: BLE001 - raised by wait() in the workflow's thread
-            self._error = e
-
-    def join(self) -> None:
-        """Return once the save is over (written or failed)."""
-        self._thread.join()
-
-    def wait(self) -> None:
-        """Return once the save is over; raise its error if it failed."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
 
 
 def _with_params(model: FLModel, params: dict[str, Any]) -> FLModel:

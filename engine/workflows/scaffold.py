@@ -52,7 +52,8 @@ class Scaffold(FedAvg):
     arrive as references into the downloaded files and are read one tensor at a time. Every
     task carries ``c`` and every result its delta: about twice FedAvg's traffic each way (a
     result, model and delta, stays within the server's limit of 2 x the model's bytes + 16 MiB).
-    ``c`` lasts one run: a run continued with ``start_round`` starts from zeros.
+    ``c`` is in the workflow's checkpoint after every round, so a resumed job goes on with it; a
+    new run continued with ``start_round`` starts from zeros.
 
     Example:
         In ``config_fed_server.conf``::
@@ -76,6 +77,15 @@ class Scaffold(FedAvg):
         shareable = super().task_data(model, current_round)
         model_from_shareable(shareable).meta[C_GLOBAL_KEY] = dict(self._c)
         return shareable
+
+    def algorithm_state(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """The control variate ``c`` (``"c/<param>"``), none before the first task."""
+        return {}, {f"c/{name}": tensor for name, tensor in (self._c or {}).items()}
+
+    def restore_algorithm_state(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        """``c`` of the resumed run."""
+        c = {key[2:]: tensor for key, tensor in tensors.items() if key.startswith("c/")}
+        self._c = c or None
 
     def check_result(self, result: FLModel, client: str, current_round: int, reference: dict[str, Any]) -> None:
         """FedAvg's checks, then the delta's: names and layout those of ``c``, values finite.

@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 from engine.aggregators import Aggregator, DXOAggregatorAsModel, ModelAggregator, ResultRules
+from engine.errors import WorkflowError
 from engine.model import FLModel, Shareable, dxo_from_model
 from engine.workflows.round_loop import RoundLoop
 from engine.workflows.shareable_generator import ShareableGenerator
@@ -41,6 +42,8 @@ class ScatterAndGather(RoundLoop):
         download_to_disk_dir: Where those downloads go (as for `FedAvg`).
         allow_non_finite: Accept results holding NaN or infinite values (refused by default).
         metric_ranges: Metric name -> ``[low, high]``; a value outside is dropped (as for `FedAvg`).
+        site_wait_timeout: Seconds a round waits for sites to come back while fewer than
+            ``min_clients`` are alive (as for `FedAvg`: dead sites are not asked).
 
     A result that fails a check (non-finite values, or refused by the aggregator: wrong round,
     kind or weight) is refused for that site alone, logged with the site, the round and the
@@ -64,6 +67,7 @@ class ScatterAndGather(RoundLoop):
         download_to_disk_dir: str | None = None,
         allow_non_finite: bool = False,
         metric_ranges: dict[str, list[float]] | None = None,
+        site_wait_timeout: float = 60.0,
     ) -> None:
         super().__init__(persistor_id)
         if min_clients < 1 or num_rounds < 1 or start_round < 0:
@@ -82,6 +86,7 @@ class ScatterAndGather(RoundLoop):
             download_to_disk=download_to_disk,
             download_to_disk_dir=download_to_disk_dir,
             rules=ResultRules.from_args(allow_non_finite, metric_ranges),
+            site_wait_timeout=site_wait_timeout,
         )
         self.aggregator_id = aggregator_id
         self.shareable_generator_id = shareable_generator_id
@@ -99,15 +104,19 @@ class ScatterAndGather(RoundLoop):
         return DXOAggregatorAsModel(aggregator)
 
     def round_clients(self, rng: random.Random) -> list[str]:
-        """All of the job's clients.
+        """All of the job's clients that are alive.
 
         Raises:
-            RuntimeError: Fewer clients run the job than ``min_clients``.
+            WorkflowError: Fewer clients run the job than ``min_clients``.
         """
         clients = self.get_clients()
         if len(clients) < self.min_clients:
-            raise RuntimeError(f"min_clients={self.min_clients} but only {len(clients)} clients run the job")
-        return list(clients)
+            raise WorkflowError(f"min_clients={self.min_clients} but only {len(clients)} clients run the job")
+        return self.live_clients()
+
+    def min_live_clients(self) -> int:
+        """``min_clients``: the sites that must be alive for a round to start."""
+        return self.min_clients
 
     def results_needed(self, clients: list[str]) -> int:
         """``min_clients``."""

@@ -92,7 +92,7 @@ def test_validate_json_names_the_key_path_of_a_nested_problem(
             {"file": "missing", "line": None, "key_path": "", "message": "no such job folder", "hint": None}
         ], id="missing-job"),
         pytest.param(["run", "job", "-n", "0"], 2, "-n: expected at least 1 client, got 0", None, id="no-clients"),
-        pytest.param(["run"], 2, "flengine run: the following arguments are required: JOB", None, id="no-job"),
+        pytest.param(["run"], 2, "flengine run: give a job folder (JOB), or --resume WORKSPACE", None, id="no-job"),
         pytest.param(["run", "job", "-n", "two"], 2, "flengine run: argument -n/--clients: invalid int value: 'two'",
                      None, id="bad-option"),
         pytest.param(["validate"], 2, "flengine validate: the following arguments are required: JOB", None,

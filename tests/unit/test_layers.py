@@ -14,21 +14,23 @@ ENGINE = Path(__file__).resolve().parents[2] / "engine"
 ALLOWED = {
     "errors": set(),
     "text": set(),
-    "examples": set(),  # the example jobs' data and model: torch only
+    "fault_points": set(),  # where the fault suite kills a process at a precise moment
+    "metric_ranges": set(),  # the ranges metrics have by definition (checks and validate)
+    "examples": {"client", "model"},  # the example jobs' data, model and training script (Client API)
     "paths": {"errors"},
-    "config": {"errors"},
+    "config": {"errors", "metric_ranges"},
     "fobs": {"errors"},
     "cells": {"errors"},
-    "streaming": {"errors", "fobs", "cells"},
+    "streaming": {"errors", "fobs", "cells", "fault_points"},
     "security": {"errors", "cells"},
     "site": {"errors", "paths", "fobs", "cells", "security", "streaming"},
     "model": {"errors", "fobs"},
     "controller": {"errors", "model"},
-    "aggregators": {"errors", "fobs", "model"},
+    "aggregators": {"errors", "fobs", "model", "metric_ranges"},
     "persistors": {"errors", "paths", "fobs", "model"},
     "filters": {"errors", "model"},
     "metrics": {"errors", "paths", "cells", "aggregators"},
-    "workflows": {"errors", "paths", "model", "controller", "aggregators", "persistors", "filters"},
+    "workflows": {"errors", "paths", "model", "controller", "aggregators", "persistors", "filters", "fault_points"},
     "client": {"errors", "fobs", "cells", "streaming", "site", "model"},
     "executors": {
         "errors",
@@ -45,6 +47,7 @@ ALLOWED = {
     },  # fmt: skip
     "runtime": {
         "errors",
+        "fault_points",
         "text",
         "paths",
         "config",
@@ -93,9 +96,8 @@ ALLOWED = {
         "report",
     },
     "__main__": {"cli"},
-    # Data for `flengine new` (read by engine.config.new_job as package resources); its .py files
-    # are the job code copied into a new job's custom/, written with the Client API.
-    "templates": {"client", "model", "examples"},
+    # Data for `flengine new` (read by engine.config.new_job as package resources): no code.
+    "templates": set(),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,21 @@ def test_the_fedavg_job_runs_to_completion(tmp_path: Path) -> None:
     workspace = run_new_job(tmp_path, "fedavg")
 
     assert (workspace / "server" / "models" / "global.safetensors").is_file()
+    for index, site in enumerate(["site-1", "site-2"]):  # each client knew its place among the job's sites
+        assert (
+            f"job sites site={site} index={index} of=2 sites=site-1,site-2"
+            in (workspace / site / "log.txt").read_text()
+        )
+
+
+def test_the_training_script_is_a_copy_of_the_engines_example_to_edit(tmp_path: Path) -> None:
+    job = new_job("digits", parent=tmp_path)
+
+    script = (job.folder / "app/custom/train.py").read_text(encoding="utf-8")
+
+    assert script == resources.files("engine.examples").joinpath("train.py").read_text(encoding="utf-8")
+    assert "flare.get_site_index()" in script and "get_site_name" not in script  # the shard never from the name
+    assert len(script.splitlines()) <= 90, "the template's script is a plain loop, read in a minute"
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
-"""Job folders with lying sites: jobs/fedavg's digits training on every site, some of them liars.
+"""Job folders with lying sites: the digits example's training on every site, some of them liars.
 
-`make_liar_job` writes a job whose honest sites run ``train.py`` and whose lying sites run
-``liar_train.py`` (each with its ``--attack``), under FedAvg with any aggregator. Used by the
-robustness tests and `tools/bench_robust.py`.
+`make_liar_job` writes a job whose sites all run ``liar_train.py`` (the example's script, wrapped):
+the honest ones with ``--attack none``, the lying ones with their attack, every one dealing the
+data into ``num_clients`` shards; under FedAvg with any aggregator. Used by the robustness tests
+and `tools/bench_robust.py`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from safetensors.torch import save_file
 
 from engine.examples.digits import Net
 
-ROOT = Path(__file__).resolve().parents[2]
-DIGITS_APP = ROOT / "jobs" / "fedavg" / "app" / "custom"
 LIAR_SCRIPT = Path(__file__).parent / "liar_train.py"
 
 
@@ -62,15 +61,15 @@ def make_liar_job(
     honest = [site for site in sites if site not in liars]
     folder.mkdir(parents=True)
     for app in ("app", *(f"liar_{site.replace('-', '_')}" for site in liars)):
-        shutil.copytree(DIGITS_APP, folder / app / "custom", ignore=shutil.ignore_patterns("__pycache__"))
+        (folder / app / "custom").mkdir(parents=True)
         (folder / app / "config").mkdir()
+        shutil.copy(LIAR_SCRIPT, folder / app / "custom" / "liar_train.py")
     _write_initial_model(folder / "app", seed)
     deploy_map = {"app": ["server", *honest]}
     script_args = f"--epochs {epochs} --num-shards {num_clients}"
-    _client_config(folder / "app", "train.py", script_args)
+    _client_config(folder / "app", "liar_train.py", f"{script_args} --attack none")
     for site, attack in liars.items():
         app = f"liar_{site.replace('-', '_')}"
-        shutil.copy(LIAR_SCRIPT, folder / app / "custom" / "liar_train.py")
         _client_config(folder / app, "liar_train.py", f"{script_args} --attack {attack} --factor {factor}")
         deploy_map[app] = [site]
     (folder / "meta.conf").write_text(

@@ -1,11 +1,13 @@
-"""A digits training script that lies: jobs/fedavg's train.py, with what it sends corrupted.
+"""A digits training script that lies: the example's (``engine.examples.train``), with what it sends corrupted.
 
 Only for tests and `tools/bench_robust.py` (a site that holds a valid key and lies); the job
-generator in `tools/liars/job.py` deploys it to the lying sites, beside ``train.py``. It runs
-``train.py`` itself, with the Client API's ``receive`` and ``send`` wrapped: the weights it
-received are kept, and each trained result is changed by ``--attack`` before it goes out:
+generator in `tools/liars/job.py` deploys it to every site. It runs the example's script itself,
+with the Client API's ``receive`` and ``send`` wrapped: the weights it received are kept, and
+each trained result is changed by ``--attack`` before it goes out. ``--num-shards K`` deals the
+data into K shards whatever the number of sites (``get_num_sites`` answers K), so that a run
+with fewer sites trains the honest ones on the same data as a run with more.
 
-- ``none``: honest (the same as train.py);
+- ``none``: honest (the same as the example's script);
 - ``scale``: sends the global model plus ``--factor`` times its update;
 - ``flip``: sends the global model minus ``--factor`` times its update (a sign flip);
 - ``nan``: one weight is NaN;
@@ -17,13 +19,12 @@ received are kept, and each trained result is changed by ``--attack`` before it 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 import torch
-import train
 
 from engine import client as flare
+from engine.examples import train
 from engine.model import FLModel, ParamsType
 
 ATTACKS = ("none", "scale", "flip", "nan", "diff", "metrics", "steps")
@@ -33,7 +34,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--attack", choices=ATTACKS, default="none")
     parser.add_argument("--factor", type=float, default=10.0)
+    parser.add_argument("--num-shards", type=int, default=0, help="shards of the data; 0: one a site of the job")
     args, rest = parser.parse_known_args()
+    if args.num_shards > 0:
+        flare.get_num_sites = lambda: args.num_shards
     received: dict[str, torch.Tensor] = {}
     honest_receive, honest_send = flare.receive, flare.send
 
@@ -49,9 +53,8 @@ def main() -> None:
             model = lie(args.attack, args.factor, received, model)
         honest_send(model, *a, **k)
 
-    flare.receive, flare.send = receive, send  # train.py looks them up on the module at each call
-    sys.argv = [sys.argv[0], *rest]
-    train.main()
+    flare.receive, flare.send = receive, send  # the script looks them up on the module at each call
+    train.main(rest)
 
 
 def lie(attack: str, factor: float, base: dict[str, torch.Tensor], model: FLModel) -> FLModel:

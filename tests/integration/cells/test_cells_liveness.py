@@ -120,3 +120,20 @@ def test_restarted_client_is_reachable_under_the_same_name(harness: Harness) -> 
             break
         time.sleep(0.05)
     assert pid != first_pid
+
+
+def test_a_peer_forgotten_by_the_server_fails_its_waiting_requests_at_once(harness: Harness) -> None:
+    # The runtime knows the peer's process ended (its parent said so) before any heartbeat is missed.
+    server = harness.cell("server")
+    peer = harness.peer("site-1", connect=server.endpoint)
+    outcome = Outcome(lambda: server.request("site-1", "test", "sleep", header={"s": 60}, timeout_s=REQUEST_TIMEOUT_S))
+    time.sleep(0.3)
+
+    forgotten_at = time.monotonic()
+    server.forget_peer("site-1", "site-1 is dead: its process exited with code -9")
+    outcome.wait(5)
+
+    assert isinstance(outcome.error, CellUnreachableError), outcome.error
+    assert "its process exited with code -9" in str(outcome.error)
+    assert outcome.ended_at - forgotten_at < 0.5  # not the heartbeat timeout
+    peer.kill()

@@ -15,7 +15,7 @@ from engine.recipes import CrossSiteEvalRecipe, FedAvgRecipe, FedOptRecipe
 from engine.runtime.states import JobState
 from tests.integration.runtime.conftest import processes_mentioning
 
-CUSTOM = Path(__file__).resolve().parents[3] / "engine" / "templates" / "custom"
+CUSTOM = Path(__file__).resolve().parents[3] / "engine" / "examples"  # the example's train.py
 
 
 def test_fedavg_recipe_runs_the_digits_example_to_completion(tmp_path: Path) -> None:

@@ -98,3 +98,24 @@ def test_a_robust_aggregator_keeps_learning_despite_a_site_that_flips_its_update
         server_log = (tmp_path / "ws" / "server" / "log.txt").read_text(encoding="utf-8")
         selections = [line for line in server_log.splitlines() if "krum selection" in line]
         assert len(selections) == 6 and not any("site-5" in line.split("scores=")[0] for line in selections)
+
+
+def test_a_huge_key_metric_cannot_steer_the_round_without_declared_ranges(tmp_path: Path) -> None:
+    # No metric_ranges at all: the defaults bound accuracies to [0, 1], so the liar's 1e9 is dropped
+    # and the round's global_accuracy (and best_global) is the honest sites' mean.
+    job = make_liar_job(
+        tmp_path / "job",
+        num_clients=3,
+        liars={"site-3": "metrics"},
+        num_rounds=ROUNDS,
+        workflow_args={"metric_ranges": {}},
+    )
+
+    summary, _, _ = _run(job, tmp_path / "ws", 3)
+
+    for entry in summary["rounds"]:
+        assert 0 <= entry["metrics"]["global_accuracy"] <= 1
+    server_log = (tmp_path / "ws" / "server" / "log.txt").read_text(encoding="utf-8")
+    assert "metric refused: contributor=site-3 round=1 metric='global_accuracy'" in server_log
+    assert "is outside the default range [0, 1]" in server_log
+    assert (tmp_path / "ws" / "server" / "models" / "best_global.safetensors").exists()

@@ -1,5 +1,5 @@
-"""Faults in real processes: a script that raises, a client killed mid-round, a result of the wrong
-shape, a task timeout with a late result, Ctrl-C. Each asserts the job's final state and (through
+"""Faults in real processes: a script that raises, a result of the wrong shape, a task timeout with
+a late result, Ctrl-C (a client killed mid-round: tests/faults/test_dead_sites.py). Each asserts the job's final state and (through
 the `simulate` fixture) that no process is left behind."""
 
 from __future__ import annotations
@@ -40,18 +40,6 @@ def test_a_script_that_raises_fails_its_task(simulate, tmp_path: Path, min_clien
     else:
         assert "site-2" in summary["reason"] and "injected failure on site-2" in summary["reason"]
         assert summary["status"] == "FINISHED_EXECUTION_EXCEPTION"
-
-
-def test_a_client_killed_mid_round_is_client_dead(simulate, tmp_path: Path) -> None:
-    job = make_bench_job(tmp_path, script_args="--fault kill --fault-site site-2 --fault-round 1")
-
-    result, output = simulate(job)
-
-    assert result.state is JobState.FINISHED_EXECUTION_EXCEPTION, output
-    summary = read_json(tmp_path / "workspace" / "summary.json")
-    assert "site-2: CLIENT_DEAD" in summary["reason"]
-    assert [r["round"] for r in summary["rounds"]] == [1]
-    assert "site-2: stopped answering (CLIENT_DEAD)" in output
 
 
 def test_a_result_of_the_wrong_shape_is_refused_before_aggregation(simulate, tmp_path: Path) -> None:

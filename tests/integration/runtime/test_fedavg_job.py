@@ -80,7 +80,7 @@ def test_the_per_request_timeout_of_the_config_bounds_each_chunk_request(
     simulate, tmp_path: Path, side: str, reason: str
 ) -> None:
     """A 64 MiB model in one chunk cannot arrive within 2 ms: the side whose config says so fails it."""
-    timeout = "streaming_per_request_timeout = 0.002\n"
+    timeout = "streaming_per_request_timeout = 0.002\nstreaming_retries = 0\n"  # no retry: the timeout is the end
     job = make_bench_job(
         tmp_path,
         num_rounds=1,

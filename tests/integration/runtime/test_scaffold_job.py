@@ -1,4 +1,4 @@
-"""`flengine run` of jobs/scaffold (the digits script with ``--scaffold``), its results downloaded
+"""`flengine run` of jobs/scaffold (its own digits script, with SCAFFOLD's corrected steps), its results downloaded
 to disk on the server: the control variates travel both ways, and the model learns the digits."""
 
 from __future__ import annotations

@@ -289,6 +289,20 @@ def test_close_says_bye_and_fails_pending(wire: Wire) -> None:
     assert not client.link_up
 
 
+def test_a_bye_with_a_reason_takes_the_link_down_and_says_why(wire: Wire) -> None:
+    client = wire.connect("site-1", b"r1")
+    wire.cut = True  # the request stays in flight
+    pending = wire.request(client, "site-2")
+    why = "server: the key of 'site-1' is no longer on the allowlist"
+    bye = Envelope(Kind.BYE, next(_ids), "server", "site-1", reason=why)
+
+    client.on_frames(None, [encode_envelope(bye)], wire.now_s)
+
+    assert not client.link_up
+    assert client.link_error == why
+    assert pending.result(0).status is Status.UNREACHABLE and why in pending.result(0).reason
+
+
 def test_late_reply_is_counted(wire: Wire) -> None:
     client = wire.connect("site-1", b"r1")
     late = Envelope(Kind.REPLY, 3, "server", "site-1", reply_to=424242)

@@ -222,6 +222,36 @@ def test_a_connection_whose_identity_leaves_the_allowlist_is_refused_from_then_o
     assert (hello[0].kind, hello[0].status) == (Kind.HELLO_ACK, Status.ERROR)
 
 
+def test_the_cells_of_a_revoked_identity_are_told_bye_at_the_next_sweep_without_a_message_of_theirs() -> None:
+    allowlist = Allowlist({"site-1": SITE_1[0], "site-2": SITE_2[0]})
+    core = ServerCore(
+        "server",
+        CellSettings(),
+        handlers=HandlerRegistry(),
+        pending=PendingRequests("server"),
+        next_id=lambda: next(_ids),
+        authenticated=True,
+        still_allowed=allowlist.has_identity,
+    )
+    for connection, name, identity in ((b"c1", "site-1", "site-1"), (b"c2", "site-2", "site-2"),
+                                       (b"c3", "site-2.job", "site-2")):  # fmt: skip
+        core.on_frames(connection, frames_of(Kind.HELLO, name), 0.0, identity)
+    assert core.on_tick(1.0) == []  # nobody revoked: the sweep sends nothing
+
+    allowlist.replace({"site-1": SITE_1[0]})
+    actions = core.on_tick(2.0)
+
+    byes = [(a.routing_id, decode_envelope(a.frames[0])) for a in actions if isinstance(a, Send)]
+    assert [(routing_id, bye.kind, bye.target) for routing_id, bye in byes] == [
+        (b"c2", Kind.BYE, "site-2"),
+        (b"c3", Kind.BYE, "site-2.job"),
+    ]
+    assert byes[0][1].reason == "server: the key of 'site-2' is no longer on the allowlist"
+    assert core.peer_names() == ("site-1",)
+    assert core.stats()["revoked"] == 2
+    assert core.on_tick(3.0) == []
+
+
 def test_keep_only_narrows_the_allowlist_to_the_given_identities() -> None:
     allowlist = Allowlist({"site-1": SITE_1[0], "site-2": SITE_2[0]})
 

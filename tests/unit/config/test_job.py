@@ -40,8 +40,9 @@ BAD_INPUT = [
         {"app/config/config_fed_server.conf": SERVER + "tensor_download_chunk_sise = 1\n"},
         [
             f"{S}:11: tensor_download_chunk_sise: unknown key 'tensor_download_chunk_sise' (did you mean "
-            "'tensor_download_chunk_size'? accepted: cell, components, format_version, np_download_chunk_size, "
-            "streaming_max_requests_in_flight, streaming_min_throughput, streaming_per_request_timeout, task_data_filters, "
+            "'tensor_download_chunk_size'? accepted: cell, components, fold_wait_s, format_version, "
+            "np_download_chunk_size, streaming_max_requests_in_flight, streaming_min_throughput, "
+            "streaming_per_request_timeout, streaming_retries, streaming_retry_backoff_s, task_data_filters, "
             "task_result_filters, tensor_download_chunk_size, tensor_pool_idle_release_s, workflows)"
         ],
         id="unknown-top-level-key",

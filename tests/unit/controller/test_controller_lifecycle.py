@@ -308,3 +308,23 @@ def test_many_clients_at_once_each_result_counted_once(run_in_thread) -> None:
     assert task.completion_status is OK
     assert results == {name: 1 for name in names}
     assert done_calls == [task]
+
+
+@pytest.mark.parametrize(
+    ("min_responses", "without", "expected"),
+    [
+        (2, {"site-3"}, True),
+        (2, {"site-2", "site-3"}, False),
+        (0, {"site-3"}, False),
+        (1, {"site-1", "site-2"}, True),
+    ],
+    ids=["two-of-three-left", "one-left-two-needed", "every-target-needed", "one-left-is-enough"],
+)
+def test_a_broadcast_says_whether_it_can_do_without_some_targets(
+    controller: Workflow, queue: TaskQueue, min_responses: int, without: set[str], expected: bool
+) -> None:
+    controller.broadcast(Task("train", Shareable()), min_responses=min_responses)
+    assignment = queue.next_task("site-1")
+
+    assert queue.can_do_without(assignment.task_id, without) is expected
+    assert queue.can_do_without("no-such-task", set()) is False

@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import struct
+import tracemalloc
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from engine.deploy.archive import JobArchiveError, archive_digest, pack_job, unpack_job
+from engine.deploy.zip_directory import check_directory
+from tests.zip_directories import empty_members
 
 FEDAVG = Path(__file__).resolve().parents[3] / "jobs" / "fedavg"
 
@@ -212,10 +215,6 @@ def file_above_a_member(path: Path) -> Path:
     return write_zip(path, [GOOD, ("app", b"1"), ("app/a.py", b"2")])
 
 
-def too_many_members(path: Path) -> Path:
-    return write_zip(path, [GOOD] + [(f"app/{i}.py", b"") for i in range(4)])
-
-
 def declared_too_big(path: Path) -> Path:
     return write_zip(path, [GOOD, ("app/big.bin", os.urandom(2000))])
 
@@ -258,7 +257,6 @@ HOSTILE = [
     (duplicate, "app/a.py", "duplicate of member", {}),
     (duplicate_but_for_case, "app/A.py", "duplicate of member 'app/a.py'", {}),
     (file_above_a_member, "app/a.py", "lies under 'app', which is a file", {}),
-    (too_many_members, "app/2.py", "more than 3 members", {"max_files": 3}),
     (declared_too_big, "app/big.bin", "declared sizes add up to more than the limit of 1000", {"max_bytes": 1000}),
     (high_ratio, "app/zeros.bin", "compression ratio over 200:1", {}),
     (lying_sizes, "app/bomb.bin", "corrupt", {"max_bytes": 1000}),
@@ -360,3 +358,113 @@ def test_archive_digest_is_the_sha256_of_the_file(tmp_path: Path) -> None:
     path.write_bytes(b"abc")
 
     assert archive_digest(path) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+# ----------------------------------------------------------------- the central directory, before zipfile
+
+
+def with_end_record_field(path: Path, offset: int, fmt: str, value: int) -> Path:
+    """``path`` with the field at ``offset`` of its (32-bit) end-of-central-directory record set to ``value``."""
+    data = bytearray(path.read_bytes())
+    struct.pack_into(fmt, data, data.rfind(b"PK\x05\x06") + offset, value)
+    path.write_bytes(bytes(data))
+    return path
+
+
+DIRECTORY_LIMITS = [
+    pytest.param(
+        lambda p: empty_members(p, 5),
+        {"max_files": 3},
+        r"more than 3 members \(5 declared by its end record\)",
+        id="declared-count",
+    ),
+    pytest.param(
+        lambda p: empty_members(p, 3, declared=600_000),
+        {},
+        r"more than 10000 members \(600000 declared",
+        id="zip64-declared-count",
+    ),
+    pytest.param(
+        lambda p: empty_members(p, 20, comment=b"made by hand" * 100),
+        {"max_files": 10},
+        r"more than 10 members \(20 declared",
+        id="after-a-comment",
+    ),
+    pytest.param(
+        lambda p: empty_members(p, 50, declared=2),
+        {"max_files": 10},
+        r"holds more than 10 members \(its end record declares 2\)",
+        id="lying-count",
+    ),
+    pytest.param(
+        lambda p: empty_members(p, 5, declared=3),
+        {},
+        r"holds 5 entries but its end record declares 3",
+        id="count-mismatch",
+    ),
+    pytest.param(
+        lambda p: empty_members(p, 30, declared=1),
+        {"max_files": 1},
+        r"central directory takes 1590 bytes, over the limit of 1024 \(1024 bytes a member\)",
+        id="directory-size",
+    ),
+    pytest.param(
+        lambda p: with_end_record_field(empty_members(p, 2), 12, "<L", 1 << 20),
+        {},
+        r"declares a central directory of 1048576 bytes, more than the \d+ bytes before it",
+        id="directory-before-the-file",
+    ),
+    pytest.param(
+        lambda p: with_end_record_field(empty_members(p, 2), 12, "<L", 7),
+        {},
+        r"truncated central directory",
+        id="directory-cut-short",
+    ),
+    pytest.param(lambda p: empty_members(p, 2, zip64=True, disks=2), {}, r"spans 2 disks", id="multi-disk"),
+]
+
+
+@pytest.mark.parametrize(("make", "limits", "rule"), DIRECTORY_LIMITS)
+def test_an_archive_over_a_directory_limit_is_refused_from_its_end_records(
+    tmp_path: Path, make: Callable[[Path], Path], limits: dict[str, int], rule: str
+) -> None:
+    archive = make(tmp_path / "job.zip")
+
+    with pytest.raises(JobArchiveError, match=rule):
+        unpack_job(archive, tmp_path / "dest", **limits)
+
+    assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"comment": b"a comment after the end record"}, {"zip64": True}], ids=["plain", "comment", "zip64"]
+)
+def test_end_records_are_read_where_zipfile_reads_them(tmp_path: Path, options: dict[str, object]) -> None:
+    archive = empty_members(tmp_path / "job.zip", 4, **options)
+
+    assert check_directory(archive, max_members=4, max_directory_bytes=4 * 1024) == 4
+    assert sorted(p.name for p in unpack_job(archive, tmp_path / "dest").iterdir()) == [f"m{i:06d}" for i in range(4)]
+
+
+def test_600000_empty_members_are_refused_without_building_a_member_list(tmp_path: Path) -> None:
+    archive = empty_members(tmp_path / "job.zip", 600_000)
+    tracemalloc.start()
+    try:
+        with pytest.raises(JobArchiveError, match=r"more than 10000 members \(600000 declared"):
+            unpack_job(archive, tmp_path / "dest")
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert peak_bytes < 1 << 20, f"refusing took {peak_bytes} bytes"
+
+
+def test_a_folder_whose_names_would_overflow_the_directory_limit_is_not_packed(tmp_path: Path) -> None:
+    deep = tmp_path / "job" / "/".join(f"{level}" * 250 for level in range(10))  # 10 folders, each name longer
+    deep.mkdir(parents=True)
+    (deep / "a.txt").write_text("x")
+
+    with pytest.raises(
+        JobArchiveError, match=r"its names take \d+ bytes .* over the limit of 11264 \(shorten the paths\)"
+    ):
+        pack_job(tmp_path / "job", tmp_path / "job.zip", max_files=11)

@@ -31,6 +31,8 @@ from engine.deploy import server as deploy_server
 from engine.deploy.admin import AdminSession
 from engine.deploy.archive import archive_digest, pack_job, unpack_job
 from engine.deploy.audit import read
+from engine.deploy.commands import unknown_job
+from engine.deploy.job_store import JobStoreError
 from engine.deploy.server import ServerDaemon
 from engine.provision import load_kit, load_project, provision
 from engine.site import SiteEndpoint, SiteSettings
@@ -48,6 +50,7 @@ admins = [
   {{ name = olga, org = a, role = project_admin }}
   {{ name = alice, org = a, role = lead }}
   {{ name = bob, org = a, role = lead }}
+  {{ name = mia, org = b, role = member }}
 ]
 """
 
@@ -429,6 +432,26 @@ def test_a_job_that_has_not_ended_is_not_deleted(server: Server, daemon: ServerD
 
 
 # ----------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("command", ["status", "abort", "delete", "download", "logs"])
+def test_a_job_an_admin_may_not_see_is_answered_as_an_unknown_id(
+    server: Server, daemon: ServerDaemon, fedavg_zip: Path, command: str
+) -> None:
+    job_id = answer(submit(server.admin("alice"), fedavg_zip))["job_id"]
+    made_up = "0123456789ab"
+
+    hidden, unknown = (
+        ask(server.admin("mia"), command, job_id=job_id),
+        ask(server.admin("mia"), command, job_id=made_up),
+    )
+
+    assert (hidden.status, hidden.reason) == (unknown.status, unknown.reason.replace(made_up, job_id))
+    assert hidden.reason == unknown_job(job_id)
+    with pytest.raises(JobStoreError, match=f"^{unknown_job(made_up)}$"):  # the store's own words
+        daemon.store.get(made_up)
+    refusals = [e for e in read(daemon.audit.path) if e["actor"] == "mia" and e.get("job") == job_id]
+    assert [e["reason"] for e in refusals] == ["the job is not visible to member mia"]  # the audit log knows
 
 
 def test_a_huge_command_name_is_clipped_in_the_audit_log_the_log_and_the_reply(

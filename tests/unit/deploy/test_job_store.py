@@ -14,6 +14,8 @@ import pytest
 
 from engine.deploy.archive import JobArchiveError, archive_digest, pack_job
 from engine.deploy.job_store import (
+    MAX_RESUMES,
+    RESUMING_REASON,
     SERVER_STOPPED_REASON,
     JobRecord,
     JobStore,
@@ -127,9 +129,29 @@ def test_recover_aborts_the_jobs_the_server_left_running(store: JobStore, fedavg
     assert [r.job_id for r in aborted] == [running.job_id]
     record = store.get(running.job_id)
     assert (record.status, record.reason, record.port) == ("FINISHED_ABORTED", SERVER_STOPPED_REASON, None)
-    assert record.finished_at is not None
+    assert record.finished_at is None  # when it stopped is not known: not the time of the restart
     assert store.get(queued.job_id).status == StoreStatus.SUBMITTED
     assert not (store.root / f".incoming-{'0' * 12}").exists()
+
+
+def test_recover_queues_again_the_running_jobs_that_can_resume_a_few_times(store: JobStore, fedavg_zip: Path) -> None:
+    running, other = submit(store, fedavg_zip), submit(store, fedavg_zip)
+    for record in (running, other):
+        store.update(record.job_id, status=StoreStatus.RUNNING, started_at=utc_now(), sites=["a", "b"], port=8003)
+
+    aborted = JobStore(store.root).recover(resume=lambda record: record.job_id == running.job_id)
+
+    assert [r.job_id for r in aborted] == [other.job_id]  # it kept no checkpoints: aborted as before
+    record = store.get(running.job_id)
+    assert (record.status, record.resumes, record.reason) == ("SUBMITTED", 1, RESUMING_REASON)
+    assert (record.sites, record.port) == (["a", "b"], 8003)  # where it ran: it resumes there
+    for resumes in range(2, MAX_RESUMES + 1):
+        store.update(running.job_id, status=StoreStatus.RUNNING)
+        JobStore(store.root).recover(resume=lambda record: True)
+        assert store.get(running.job_id).resumes == resumes
+    store.update(running.job_id, status=StoreStatus.RUNNING)
+    JobStore(store.root).recover(resume=lambda record: True)
+    assert store.get(running.job_id).status == "FINISHED_ABORTED"  # a job that keeps stopping the server
 
 
 def test_recover_removes_results_claims_a_stop_cut_short(store: JobStore, fedavg_zip: Path) -> None:

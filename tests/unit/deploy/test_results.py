@@ -7,6 +7,7 @@ the site offers its packed results with its download service, the server pulls t
 from __future__ import annotations
 
 import threading
+import tracemalloc
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -15,11 +16,13 @@ from typing import Any
 import pytest
 
 from engine.cells import CellSettings, Message, Reply
-from engine.deploy import results
+from engine.deploy import protocol, results
+from engine.deploy.archive import JobArchiveError, archive_digest
 from engine.deploy.job_store import JobRecord
 from engine.errors import FlengineError, StreamingError
 from engine.site import SiteEndpoint
 from engine.streaming.service import CHANNEL, TOPIC_CHUNK
+from tests.zip_directories import empty_members
 
 #: Cells that notice a peer gone within about a second, on a free port.
 SETTINGS = CellSettings(port=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0)
@@ -216,3 +219,31 @@ def test_results_settle_once_the_window_closed_and_no_claim_is_open(workspace: P
     assert results.results_settled(ended, workspace)
     (workspace / ".taking-site-1").mkdir()  # a download that began in time is still landing
     assert not results.results_settled(ended, workspace)
+
+
+def test_a_results_archive_of_600000_empty_members_is_refused_before_a_member_list_is_built(
+    network: Network, site: SiteEndpoint, workspace: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "offer"
+    folder.mkdir()
+    archive = empty_members(folder / "results.zip", 600_000)
+    assert site.service is not None
+    ref = site.service.add_file(archive, protocol.ARCHIVE_CHUNK_BYTES, ["server"], 60.0, owned_folder=folder)
+    header = {
+        "job_id": JOB_ID,
+        "code": 0,
+        "ref": ref,
+        "size": archive.stat().st_size,
+        "digest": archive_digest(archive),
+    }
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(JobArchiveError, match=r"more than 10000 members \(600000 declared by its end record\)"):
+            results.take_results(network.server, "site-1", header, workspace / "site-1")
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert peak_bytes < 32 << 20, f"taking the results peaked at {peak_bytes >> 20} MiB"  # 600,000 ZipInfos: over 300
+    assert not (workspace / "site-1").exists()

@@ -355,13 +355,13 @@ def test_save_returns_before_the_disk_has_it_and_load_waits_for_it(
     persistor: PTFileModelPersistor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     disk_ready = threading.Event()
-    real_fsync = checkpoint_files._fsync_file
+    real_fsync = checkpoint_files.fsync_file
 
     def slow_disk(path: Path) -> None:
         disk_ready.wait(10)
         real_fsync(path)
 
-    monkeypatch.setattr(checkpoint_files, "_fsync_file", slow_disk)
+    monkeypatch.setattr(checkpoint_files, "fsync_file", slow_disk)
     saved = {name: torch.full_like(t, 3.0) for name, t in persistor.load_model().params.items()}
 
     path = persistor.save_model(FLModel(params=saved))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,32 @@ def test_a_kit_without_a_valid_manifest_is_refused(kits: Path, content: str | No
 
     with pytest.raises(SecurityError, match=match):
         verify_kit(kits / "site-2")
+
+
+def test_a_server_kit_copied_over_an_older_one_ignores_the_revoked_key_left_behind(
+    write_project: WriteProject, kits: Path, tmp_path: Path
+) -> None:
+    deployed = tmp_path / "deployed"
+    shutil.copytree(kits / "server", deployed)
+    provision(load_project(write_project(replace={"  { name = site-2, org = org-b }\n": ""})), kits, remove=True)
+
+    shutil.copytree(kits / "server", deployed, dirs_exist_ok=True)  # "copy the new kit over the old one"
+    kit = load_kit(deployed)
+
+    assert (deployed / "keys" / "allowlist" / "site-2.key").is_file()
+    assert kit.ignored_files == ("keys/allowlist/site-2.key",)
+    assert kit.allowlist == ("alice", "site-1")
+    assert kit.load_allowlist().identities() == ["alice", "site-1"]
+    assert kit.cell_security().allowlist.identities() == ["alice", "site-1"]
+
+
+def test_only_the_allowlist_folder_may_hold_files_the_manifest_does_not_list(kits: Path) -> None:
+    kit = kits / "server"
+    (kit / "keys" / "allowlist" / "mallory.key").write_text("x\n", encoding="utf-8")
+
+    assert load_kit(kit).ignored_files == ("keys/allowlist/mallory.key",)  # never read, so never a key
+    with pytest.raises(SecurityError, match=r"mallory.key: added since the kit was provisioned"):
+        verify_kit(kit)  # strict unless the caller names where unlisted files are ignored
+    (kit / "keys" / "mallory.key").write_text("x\n", encoding="utf-8")
+    with pytest.raises(SecurityError, match=r"keys/mallory.key: added since the kit was provisioned"):
+        load_kit(kit)

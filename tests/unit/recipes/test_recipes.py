@@ -17,7 +17,7 @@ from engine.persistors import PTFileModelPersistor
 from engine.recipes import CrossSiteEvalRecipe, FedAvgRecipe, FedOptRecipe, SimEnv, SwarmRecipe
 from engine.recipes.recipe import CLIENT_CONFIG, META, SERVER_CONFIG
 
-TEMPLATE = Path(__file__).resolve().parents[3] / "engine" / "templates" / "custom"  # the example's train.py
+TEMPLATE = Path(__file__).resolve().parents[3] / "engine" / "examples"  # the example's train.py
 CUSTOM = Path(__file__).resolve().parent / "custom_model"  # a model class of the job's own: net.py
 CUSTOM_FILES = [CUSTOM / "net.py"]
 DIGITS = {
@@ -118,8 +118,12 @@ def test_fedavg_writes_each_argument_at_its_key(tmp_path: Path) -> None:
 def test_a_hostile_string_round_trips_literally_through_a_valid_job(tmp_path: Path, text: str) -> None:
     as_key = not set(text) & set('"\\\n')  # a key with a quote, backslash or line break is refused (below)
     recipe = FedAvgRecipe(**DIGITS, key_metric=text, metric_ranges={text if as_key else "m": [0, 1]})
-
-    folder = recipe.export(tmp_path / "job")
+    if not as_key:  # a key_metric no range can be declared for is refused: one site could pick the best model
+        with pytest.raises(ConfigError, match=r"key_metric .* has no range"):
+            recipe.export(tmp_path / "refused")
+        folder = recipe.export(tmp_path / "job", validate=False)
+    else:
+        folder = recipe.export(tmp_path / "job")
 
     server = written(folder)[SERVER_CONFIG]
     assert server["workflows"][0]["args"]["metric_ranges"] == {text if as_key else "m": [0, 1]}

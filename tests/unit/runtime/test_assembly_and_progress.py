@@ -313,9 +313,39 @@ def printer(out: io.StringIO) -> ProgressPrinter:
             id="round_done-one-no-metrics",
         ),
         pytest.param(
-            {"event": "client_dead", "site": "site-2"},
-            "[round ?/?] site-2: stopped answering (CLIENT_DEAD)",
+            {"event": "client_dead", "site": "site-2", "reason": "no heartbeat for 10 s"},
+            "[round ?/?] site-2: dead (no heartbeat for 10 s); left out of the rounds until it comes back",
             id="client_dead",
+        ),
+        pytest.param(
+            {"event": "client_back", "site": "site-2"},
+            "[round ?/?] site-2: back; it takes part again from the next round",
+            id="client_back",
+        ),
+        pytest.param(
+            {"event": "round_replacements", "lost": ["site-3"], "drawn": ["site-2"]},
+            "[round ?/?] site-3 died during the round; asking site-2 instead",
+            id="round_replacements",
+        ),
+        pytest.param(
+            {"event": "workflow_resumed", "round": 4, "total_rounds": 10},
+            "[round 4/10] resuming here: the rounds before it were played before the server stopped",
+            id="workflow_resumed",
+        ),
+        pytest.param(
+            {"event": "checkpoint_failed", "reason": "OSError: [Errno 28] No space left on device"},
+            "[round ?/?] checkpoint not written (OSError: [Errno 28] No space left on device); the job goes on",
+            id="checkpoint_failed",
+        ),
+        pytest.param(
+            {"event": "round_retried", "lost": ["site-3"]},
+            "[round ?/?] too few results after site-3 died; playing the round again",
+            id="round_retried",
+        ),
+        pytest.param(
+            {"event": "waiting_for_sites", "alive": ["site-1"], "needed": 2, "dead": {"site-2": "x"}, "timeout_s": 60},
+            "[round ?/?] waiting up to 60 s for sites: 1 alive, 2 needed; dead: site-2",
+            id="waiting_for_sites",
         ),
         pytest.param({"event": "workflow_note", "message": "early stop"}, "[round ?/?] early stop", id="workflow_note"),
         pytest.param(
@@ -545,5 +575,5 @@ def test_outside_a_terminal_a_round_is_one_line() -> None:
     assert out.getvalue().splitlines() == [
         "workflow fedavg started",
         "[round 1/2] done in 1.00 s, 1 result; refused: site-2",
-        "[round 2/2] site-2: stopped answering (CLIENT_DEAD)",
+        "[round 2/2] site-2: dead (stopped answering); left out of the rounds until it comes back",
     ]

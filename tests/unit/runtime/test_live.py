@@ -194,9 +194,18 @@ def test_a_download_event_counts_only_for_the_task_the_site_is_receiving() -> No
     [
         pytest.param(
             [{"event": "client_dead", "site": "site-1"}, {"event": "task_sent", "site": "site-1", "task": "train"}],
-            "failed: stopped answering (CLIENT_DEAD)",
+            "dead: stopped answering",
             True,
             id="dead-stays-failed",
+        ),
+        pytest.param(
+            [
+                {"event": "client_dead", "site": "site-1", "reason": "its process exited with code -9"},
+                {"event": "client_back", "site": "site-1"},
+            ],
+            "back: takes part from the next round",
+            False,
+            id="back-is-alive-again",
         ),
         pytest.param(
             [{"event": "process_exited", "site": "site-1", "code": 1}], "failed: exited (code 1)", True, id="exited"

@@ -17,7 +17,6 @@ from engine.runtime.simulator import error_tail
 
 JOBS = Path(__file__).resolve().parents[3] / "jobs"
 SERVER = "jobs/fedavg/app/config/config_fed_server.conf"
-CLIENT = "jobs/fedavg/app/config/config_fed_client.conf"
 
 
 @pytest.fixture
@@ -35,10 +34,8 @@ def fedavg(monkeypatch: pytest.MonkeyPatch):
             [
                 f"{SERVER}:14: workflows[0].args.num_clients: 2 clients sampled per round, but the run has 4: "
                 "each round trains only 2 (set num_clients = 4 to train them all)",
-                f"{CLIENT}:15: executors[0].executor.args.task_script_args: --num-shards 2, but the run has "
-                "4 clients: sites share a shard (write --num-shards 4)",
             ],
-            id="more-clients-than-sampled-and-shards",
+            id="more-clients-than-sampled",
         ),
     ],
 )
@@ -48,12 +45,10 @@ def test_run_warnings_of_the_fedavg_example(fedavg, n: int, expected: list[str])
     assert run_warnings(fedavg, clients) == expected
 
 
-def test_fewer_clients_than_shards_leaves_data_unused(fedavg) -> None:
+def test_fewer_clients_than_sampled_is_no_warning(fedavg) -> None:
     fedavg.meta.data["min_clients"] = 1
 
-    [warning] = run_warnings(fedavg, ["site-1"])
-
-    assert "--num-shards 2, but the run has 1 clients: part of the data goes unused (write --num-shards 1)" in warning
+    assert run_warnings(fedavg, ["site-1"]) == []  # the example's shards follow the sites, whatever their number
 
 
 def test_a_workflow_that_samples_a_fraction_is_not_said_to_sample_num_clients(fedavg) -> None:

@@ -91,6 +91,28 @@ def test_an_empty_or_missing_allowlist_is_refused(tmp_path: Path) -> None:
         load_allowlist(tmp_path / "missing")
 
 
+def test_an_allowlist_of_named_identities_reads_their_files_and_nothing_else(tmp_path: Path) -> None:
+    folders = write_site_key_folders(tmp_path, "server", ["site-1", "site-2"])
+    allowlist_dir = folders["server"] / "allowlist"
+    (allowlist_dir / "junk.key").write_text("not a key\n", encoding="utf-8")  # would fail if it were read
+
+    allowlist = load_allowlist(allowlist_dir, ["site-1"])
+    security = load_cell_security(folders["server"], "server", server=True, allowlist=["site-2"])
+
+    assert allowlist.identities() == ["site-1"]
+    assert security.allowlist is not None and security.allowlist.identities() == ["site-2"]
+
+
+def test_a_named_identity_without_its_file_is_refused_naming_the_file(tmp_path: Path) -> None:
+    folders = write_site_key_folders(tmp_path, "server", ["site-1"])
+    allowlist_dir = folders["server"] / "allowlist"
+
+    with pytest.raises(SecurityError, match=f"{allowlist_dir}/site-9.key: cannot read the key file"):
+        load_allowlist(allowlist_dir, ["site-1", "site-9"])
+    with pytest.raises(SecurityError, match="the allowlist is empty"):
+        load_allowlist(allowlist_dir, [])
+
+
 def test_site_key_folders_give_each_cell_what_it_needs(tmp_path: Path) -> None:
     folders = write_site_key_folders(tmp_path, "server", ["site-1", "site-2"])
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from engine.cells.retry import DEFAULT_RETRIES, DEFAULT_RETRY_BACKOFF_S, RetryPolicy
 from engine.config.schema import check_document, top_level_defaults, with_defaults
 from engine.config.source import ConfigDocument
 from engine.errors import StreamingError
@@ -24,9 +25,10 @@ DEFAULTS = {
     "tensor_chunk_bytes": 2 * MiB,
     "array_chunk_bytes": 2 * MiB,
     "per_request_timeout_s": 600.0,
-    "transaction_timeout_s": 600.0,
+    "transaction_timeout_s": 600.0 + 31.0,  # the retries' waits: 1 + 2 + 4 + 8 + 16 s
     "max_in_flight": 4,
     "min_throughput": 256 * 1024,
+    "retry": RetryPolicy(retries=5, backoff_s=1.0),
 }
 
 
@@ -42,13 +44,23 @@ def settings_of(context: StreamingContext) -> dict[str, Any]:
         pytest.param({"np_download_chunk_size": 65536}, {"array_chunk_bytes": 65536}, id="array-chunk"),
         pytest.param(
             {"streaming_per_request_timeout": 30},
-            {"per_request_timeout_s": 30.0, "transaction_timeout_s": 30.0},
+            {"per_request_timeout_s": 30.0, "transaction_timeout_s": 61.0},
             id="timeout",
         ),
         pytest.param(
             {"streaming_per_request_timeout": 2.5},
-            {"per_request_timeout_s": 2.5, "transaction_timeout_s": 2.5},
+            {"per_request_timeout_s": 2.5, "transaction_timeout_s": 33.5},
             id="timeout-float",
+        ),
+        pytest.param(
+            {"streaming_retries": 0},
+            {"retry": RetryPolicy(retries=0), "transaction_timeout_s": 600.0},
+            id="no-retries",
+        ),
+        pytest.param(
+            {"streaming_retries": 2, "streaming_retry_backoff_s": 0.25},
+            {"retry": RetryPolicy(retries=2, backoff_s=0.25), "transaction_timeout_s": 600.75},
+            id="retries-and-backoff",
         ),
         pytest.param({"streaming_max_requests_in_flight": 1}, {"max_in_flight": 1}, id="in-flight-1"),
         pytest.param({"streaming_max_requests_in_flight": 16}, {"max_in_flight": 16}, id="in-flight-16"),
@@ -94,6 +106,8 @@ def test_the_code_defaults_are_the_schema_defaults(side: str) -> None:
     assert defaults["streaming_per_request_timeout"] == DEFAULT_PER_REQUEST_TIMEOUT_S
     assert defaults["streaming_max_requests_in_flight"] == DEFAULT_MAX_IN_FLIGHT == 4
     assert defaults["streaming_min_throughput"] == DEFAULT_MIN_THROUGHPUT == 256 * 1024
+    assert defaults["streaming_retries"] == DEFAULT_RETRIES == 5
+    assert defaults["streaming_retry_backoff_s"] == DEFAULT_RETRY_BACKOFF_S == 1.0
 
 
 @pytest.mark.parametrize(
@@ -122,6 +136,22 @@ def test_the_code_defaults_are_the_schema_defaults(side: str) -> None:
             r"streaming_per_request_timeout: expected seconds > 0, got 0",
             id="timeout-zero",
         ),
+        pytest.param(
+            {"streaming_retries": -1}, r"streaming_retries: expected an integer >= 0, got -1", id="retries-negative"
+        ),
+        pytest.param(
+            {"streaming_retries": 2.0}, r"streaming_retries: expected an integer >= 0, got 2.0", id="retries-float"
+        ),
+        pytest.param(
+            {"streaming_retry_backoff_s": 0},
+            r"streaming_retry_backoff_s: expected seconds > 0, got 0",
+            id="backoff-zero",
+        ),
+        pytest.param(
+            {"streaming_retry_backoff_s": "1s"},
+            r"streaming_retry_backoff_s: expected seconds > 0, got '1s'",
+            id="backoff-string",
+        ),
     ],
 )
 def test_from_an_unvalidated_config_names_the_bad_key(config: dict[str, Any], match: str) -> None:
@@ -129,8 +159,10 @@ def test_from_an_unvalidated_config_names_the_bad_key(config: dict[str, Any], ma
         StreamingContext.from_config(CELL, SERVICE, config)  # type: ignore[arg-type]
 
 
-def test_the_transaction_timeout_defaults_to_the_per_request_timeout_unless_given() -> None:
-    assert StreamingContext(CELL, per_request_timeout_s=7).transaction_timeout_s == 7  # type: ignore[arg-type]
+def test_the_transaction_timeout_defaults_to_the_per_request_timeout_and_the_retries_unless_given() -> None:
+    no_retry = RetryPolicy(retries=0)
+    assert StreamingContext(CELL, per_request_timeout_s=7, retry=no_retry).transaction_timeout_s == 7  # type: ignore[arg-type]
+    assert StreamingContext(CELL, per_request_timeout_s=7).transaction_timeout_s == 7 + 31  # type: ignore[arg-type]
     assert StreamingContext(CELL, transaction_timeout_s=90).transaction_timeout_s == 90  # type: ignore[arg-type]
 
 
@@ -161,5 +193,45 @@ def test_schema_of_max_requests_in_flight(side: str, value: object, expected: li
     )
 
     problems = [str(p) for p in check_document(ConfigDocument(Path("c.conf"), "c.conf", data), side)]
+
+    assert problems == expected
+
+
+def _document(side: str, **keys: object) -> ConfigDocument:
+    data: dict[str, Any] = {"format_version": 2, **keys}
+    data["workflows" if side == "config_fed_server" else "executors"] = (
+        [{"id": "wf", "path": "a.B"}]
+        if side == "config_fed_server"
+        else [{"tasks": ["*"], "executor": {"path": "a.B"}}]
+    )
+    return ConfigDocument(Path("c.conf"), "c.conf", data)
+
+
+RETRIES_HINT = "(a whole number of retries, 0 or more, e.g. 5)"
+BACKOFF_HINT = "(seconds, greater than 0, e.g. 1)"
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        pytest.param({"streaming_retries": 0, "streaming_retry_backoff_s": 0.1}, [], id="valid"),
+        pytest.param(
+            {"streaming_retries": -1}, [f"c.conf: streaming_retries: must be >= 0, got -1 {RETRIES_HINT}"], id="neg"
+        ),
+        pytest.param(
+            {"streaming_retries": "five"},
+            [f'c.conf: streaming_retries: expected an integer, got "five" {RETRIES_HINT}'],
+            id="retries-string",
+        ),
+        pytest.param(
+            {"streaming_retry_backoff_s": 0},
+            [f"c.conf: streaming_retry_backoff_s: must be > 0, got 0 {BACKOFF_HINT}"],
+            id="backoff-zero",
+        ),
+    ],
+)
+def test_schema_of_the_retry_keys(side: str, keys: dict[str, object], expected: list[str]) -> None:
+    problems = [str(p) for p in check_document(_document(side, **keys), side)]
 
     assert problems == expected

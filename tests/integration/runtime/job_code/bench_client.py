@@ -2,7 +2,10 @@
 
 Site k adds ``k * 0.001`` to every parameter and reports ``NUM_STEPS_CURRENT_ROUND = k * 100``.
 ``--fault KIND --fault-site SITE --fault-round R`` makes that site misbehave in that round
-(0-based): raise, kill (its whole client process), bad_shape, sleep (``--sleep-s``).
+(0-based): raise, kill (its whole client process: in the first round from R on that the site
+trains, once, so a process started again in its folder trains on), bad_shape, sleep (``--sleep-s``),
+pause (before it receives its task of round R, counted from 0: it writes ``.paused-SITE`` next to
+this script and waits for the test to write ``.go-SITE``; the task's tensors are pulled after).
 Cross-site evaluation: ``submit_model`` sends the site's last trained model, ``validate`` the
 mean of the received parameters as the metric ``mean``.
 """
@@ -20,7 +23,7 @@ from engine import client as flare
 from engine.model import FLModel
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--fault", choices=["none", "raise", "kill", "bad_shape", "sleep"], default="none")
+parser.add_argument("--fault", choices=["none", "raise", "kill", "bad_shape", "sleep", "pause"], default="none")
 parser.add_argument("--fault-site", default="site-2")
 parser.add_argument("--fault-round", type=int, default=0)
 parser.add_argument("--sleep-s", type=float, default=30.0)
@@ -30,7 +33,23 @@ flare.init()
 site = flare.get_site_name()
 k = int(site.rsplit("-", 1)[-1])
 last = None
+received = 0
+
+
+def pause_here() -> None:
+    """Tell the test that this site is about to pull its task, and wait until it says go (at most 60 s)."""
+    folder = os.path.dirname(os.path.abspath(__file__))
+    open(os.path.join(folder, f".paused-{site}"), "w").close()
+    go = os.path.join(folder, f".go-{site}")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 while flare.is_running():
+    if args.fault == "pause" and site == args.fault_site and received == args.fault_round:
+        pause_here()
+    received += 1
     model = flare.receive()
     if model is None:
         break
@@ -42,6 +61,10 @@ while flare.is_running():
         flare.send(FLModel(metrics={"mean": values.mean().item()}))
         continue
     faulty = args.fault != "none" and site == args.fault_site and model.current_round == args.fault_round
+    if args.fault == "kill" and site == args.fault_site and model.current_round >= args.fault_round:
+        marker = os.path.join(os.path.dirname(os.path.abspath(__file__)), f".killed-once-{site}")
+        faulty = not os.path.exists(marker)  # once: a process started again afterwards trains on
+        open(marker, "w").close()
     if faulty and args.fault == "raise":
         raise RuntimeError(f"injected failure on {site} in round {model.current_round}")
     if faulty and args.fault == "kill":
