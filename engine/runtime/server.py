@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import sys
 import threading
@@ -23,10 +22,10 @@ from engine.cells import Message, Reply, Status
 from engine.config import Job
 from engine.controller import Controller, SubmitOutcome, TaskQueue
 from engine.controller.context import JobContext, ReceivedStatus
-from engine.errors import CellError, CheckpointError, StreamingError
+from engine.errors import CellError, CheckpointError
 from engine.fault_points import fault_point
 from engine.metrics import MetricsIntake
-from engine.model import DXO, FLModel, ReservedHeaderKey, ReturnCode, Shareable, shown_round
+from engine.model import DXO, FLModel, ReservedHeaderKey, Shareable, shown_round
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
 from engine.paths import JobPaths
 from engine.runtime import protocol
@@ -42,13 +41,12 @@ from engine.runtime.liveness import SiteLiveness
 from engine.runtime.payload import payload_bytes
 from engine.runtime.process import EVENTS_FILE
 from engine.runtime.repeats import RepeatedRequests
-from engine.runtime.stalls import DEFAULT_FOLD_WAIT_S, STALLED_AFTER, StallWatch
+from engine.runtime.result_intake import ResultIntake
+from engine.runtime.stalls import DEFAULT_FOLD_WAIT_S, StallWatch
 from engine.runtime.states import JobState
 from engine.runtime.transfer_progress import DownloadProgress
 from engine.runtime.workflow_progress import CHECKPOINT_FOLDER, PROGRESS_FILE, WorkflowProgress, earlier_rounds
 from engine.site import SiteEndpoint, SiteSettings
-from engine.streaming.lazy import cleanup_lazy_refs
-from engine.streaming.pull import HeldDownload, release_held
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +56,9 @@ MONITOR_INTERVAL_S = 0.2
 END_RUN_GRACE_S = 15.0
 #: Seconds the server waits for every client to ask for work before the first workflow starts.
 CLIENTS_READY_TIMEOUT_S = 120.0
-#: A folded result waits for the task data's downloads to end (see `_on_submit`) at most until
-#: they have had no request for this long (a client that died or got stuck mid-pull). Receivers
-#: that never asked for a chunk are waited for ``fold_wait_s`` only (the server config's key,
-#: `DEFAULT_FOLD_WAIT_S` by default), then dropped (see `StallWatch`).
-FOLD_WAIT_IDLE_S = 10.0
 
 
-class ServerJob:
+class ServerJob(ResultIntake):
     """Runs the server app of ``job`` for ``clients``.
 
     Args:
@@ -449,144 +442,6 @@ class ServerJob:
         with self._lock:
             return dict(self._status.get(workflow, {}))
 
-    def _on_submit(self, message: Message) -> Reply:
-        refused = self._not_a_client(message)
-        if refused is not None:
-            return refused
-        # In memory, a whole result is pulled and aggregated one at a time, so the server holds at
-        # most one client's model beyond the sum (others wait for their turn); on disk, all at once.
-        # A result the workflow folds into its sum as its tensors arrive (see `_receiver_of`)
-        # never is whole: those are pulled at once.
-        receiver = self._receiver_of(message)
-        with self._lock:
-            offers = self._task_offers.pop(str(message.header.get("task_id", "")), [])
-        if offers:  # the submitter is done with the task's data, whether it got all of it or not
-            self.endpoint.service.drop_receiver(offers, message.source)
-        if receiver is not None and offers:
-            # Folding starts once every client has the model the task sent (its downloads end),
-            # so the server never holds that model and a growing sum at once.
-            # A receiver that has not asked for a chunk within ``fold_wait_s`` is not waited for
-            # when the task can get the results it needs without it: it is dropped, so the model
-            # is freed once those that pulled are done (one that is only slow is waited for).
-            idle_s = min(self.codec.context.per_request_timeout_s, FOLD_WAIT_IDLE_S)
-            service = self.endpoint.service
-            skipped: set[str] = set()
-            task_id = str(message.header.get("task_id", ""))
-            if not service.wait_finished(offers, min(idle_s, self._fold_wait_s), self.abort_signal):
-                unpulled = service.never_pulled(offers)
-                skipped = unpulled if unpulled and self.queue.can_do_without(task_id, unpulled) else set()
-                for site in skipped:
-                    log.warning("task data not pulled site=%s waited_s=%g: not waited for", site, self._fold_wait_s)
-                    service.drop_receiver(offers, site)
-                service.wait_finished(offers, idle_s, self.abort_signal)
-            for site in self._stalls.judged(offers, self.clients, skipped):
-                self.report("site_stalled", site=site, tasks_in_a_row=STALLED_AFTER)
-        slot = self._memory_slot if not self.endpoint.receives_to_disk else None
-        if receiver is None:
-            with slot or contextlib.nullcontext():
-                return self._take_result(message, receiver)
-        taken: list[threading.Lock] = []  # a result the workflow takes whole waits for the slot too
-        try:
-            return self._take_result(message, receiver, slot, taken)
-        finally:
-            for lock in taken:
-                lock.release()
-
-    def _receiver_of(self, message: Message) -> Any:
-        """The workflow's result receiver of this submit (folding, memory mode, no result filters), else None."""
-        if self.endpoint.receives_to_disk or self._result_filters:
-            return None
-        return self.queue.result_receiver(message.source, str(message.header.get("task_id", "")))
-
-    def _take_result(
-        self,
-        message: Message,
-        receiver: Any = None,
-        whole_slot: threading.Lock | None = None,
-        taken: list[threading.Lock] | None = None,
-    ) -> Reply:
-        site = message.source
-        task_id = str(message.header.get("task_id", ""))
-        task_name = str(message.header.get("task_name", ""))
-        expected = self.queue.expects_result(site, task_id)
-        if expected is not SubmitOutcome.ACCEPTED:  # refused before a byte of it is pulled
-            log.warning("result of %s for task %r not taken: %s", site, task_name, expected.value)
-            return Reply(header={"outcome": expected.value})
-        with self._lock:
-            _, sent_bytes = self._sent_bytes.pop(task_id, (site, 0))
-        self._downloads.ended(task_id)
-        started = time.monotonic()
-        self.report("result_uploading", site=site, task=task_name, task_id=task_id)
-        result = None
-        sinks: list[Any] = []  # the sink folding this result, once the receiver gave one
-        # A folded result's downloads stay open on its sender until the round's mean is made: if
-        # another result fails midway, the sum is rebuilt by pulling this one again (`refold`).
-        held: list[HeldDownload] = []
-        limit = RESULT_SIZE_FACTOR * sent_bytes + RESULT_SLACK_BYTES
-        what = f"a result of {site} (at most {RESULT_SIZE_FACTOR} x the {sent_bytes} bytes it was sent)"
-
-        def fold(peeked: Any) -> Any:
-            sink = receiver(peeked, site) if isinstance(peeked, Shareable) else None
-            if sink is not None:
-                sink.refold = functools.partial(self._refold, message.frames, site, limit, what)
-                sink.release = functools.partial(release_held, self.cell, held)
-                sinks.append(sink)
-            elif whole_slot is not None and taken is not None:  # pulled whole: one at a time, as above
-                whole_slot.acquire()
-                taken.append(whole_slot)
-            return sink
-
-        try:
-            folding = fold if receiver is not None else None
-            result = self.codec.decode(
-                message.frames, sender=site, max_bytes=limit, what=what, fold=folding, held=held if folding else None
-            )
-            if not isinstance(result, Shareable):
-                raise TypeError(f"expected a Shareable, got {type(result).__name__}")
-            result = self._result_filters.apply(task_name, result, site)
-        except Exception as e:  # download failed, bad payload or a filter refused it: answered, never raised
-            reason = f"result of {site} for task {task_name!r} refused: {e}"
-            log.warning("%s", reason)
-            cleanup_lazy_refs(result)
-            for sink in sinks:
-                sink.fail(reason)
-            release_held(self.cell, held)
-            self.queue.fail_client_task(site, task_id, reason)
-            return Reply(header={"outcome": "FAILED", "reason": reason}, status=Status.ERROR, reason=reason)
-        seconds = time.monotonic() - started
-        self.report(
-            "result_received",
-            site=site,
-            task=task_name,
-            task_id=task_id,
-            bytes=payload_bytes(result),
-            seconds=seconds,
-            ok=result.get_return_code() is ReturnCode.OK,
-        )
-        outcome = self.queue.submit(site, task_id, result)
-        if outcome is not SubmitOutcome.ACCEPTED:  # late or duplicate: nobody will read its files
-            cleanup_lazy_refs(result)
-        for sink in sinks:  # committed by the workflow if it took the result; a no-op then
-            sink.fail(f"result of {site} not taken by the task: {outcome.value}")
-        if not any(sink.release is not None and sink.failed is None for sink in sinks):
-            release_held(self.cell, held)  # not folded, or not taken: nothing will pull it again
-            held = []
-        # A held result: its sender keeps serving it until the round's mean is made (the
-        # workflow's aggregator releases it), or until its next task.
-        return Reply(header={"outcome": outcome.value, "held": bool(held)})
-
-    def _refold(self, frames: list[Any], site: str, limit: int, what: str, sink: Any) -> None:
-        """Pull a folded result of ``site`` once more, into ``sink`` (a rebuild of the round's sum).
-
-        Raises:
-            StreamingError: ``site`` is dead (its process ended): nothing to pull, no time spent waiting.
-        """
-        why = self.liveness.dead().get(site)
-        if why is not None:
-            raise StreamingError(f"{site} is dead ({why}): its result cannot be pulled again")
-        decoded = self.codec.decode(frames, sender=site, max_bytes=limit, what=what, fold=lambda peeked: sink, held=[])
-        del decoded  # its tensors went to the sink; only meta tensors are left
-
     # ----------------------------------------------------------------- monitor
 
     def _bytes_served(self) -> dict[str, int]:
@@ -621,12 +476,6 @@ def _one_based_round(fields: dict[str, Any]) -> dict[str, Any]:
     Every round a user reads (the console, events.jsonl, result.json, summary.json) goes through here.
     """
     return {**fields, "round": shown_round(fields["round"])} if "round" in fields else fields
-
-
-#: A result may announce at most this many times the bytes of the model its task sent (a float64
-#: result of a float32 model), plus `RESULT_SLACK_BYTES`; more is refused before it is pulled.
-RESULT_SIZE_FACTOR = 2
-RESULT_SLACK_BYTES = 16 << 20
 
 
 def _private_copy(data: Shareable) -> Shareable:
