@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.config.problems import Problem
+    from engine.config.source import ConfigDocument
 
 
 class FlengineError(Exception):
@@ -41,6 +42,37 @@ class ConfigError(FlengineError):
     def __init__(self, problems: Iterable[Problem]) -> None:
         self.problems: list[Problem] = list(problems)
         super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class IncludeRefused(ConfigError):
+    """An include of a config file was refused; ``partial`` is the rest of the file, read without any include.
+
+    `engine.config.job` checks ``partial`` too, so that one bad include does not hide the file's
+    other problems. None when the file cannot be read without its includes (e.g. it refers to
+    something only they define).
+
+    Args:
+        problems: The refused includes, each naming its file and line.
+        partial: The file read with every include blanked out, or None.
+    """
+
+    def __init__(self, problems: Iterable[Problem], partial: ConfigDocument | None) -> None:
+        super().__init__(problems)
+        self.partial = partial
+
+
+class PathOutsideError(FlengineError, ValueError):
+    """A path from a job or config leaves the folder it must stay in (`engine.paths`; the message names the setting).
+
+    Args:
+        setting: The setting the path came from (``download_to_disk_dir``).
+        detail: What is wrong with the path, and the fix (the message without the setting).
+    """
+
+    def __init__(self, setting: str, detail: str) -> None:
+        super().__init__(f"{setting}: {detail}")
+        self.setting = setting
+        self.detail = detail
 
 
 class DottedPathError(FlengineError):
@@ -88,6 +120,10 @@ class JobArchiveError(FlengineError):
 
 class StreamingError(FlengineError):
     """A download cannot go on: a lying header, a chunk that does not fit, a failed consumer."""
+
+
+class DownloadRefused(StreamingError):
+    """A chunk request the sender will not serve (`engine.streaming.transactions`); the reason is sent back."""
 
 
 class SecurityError(FlengineError):
@@ -139,6 +175,58 @@ class CellProtocolError(CellError):
     """
 
 
+class ResultRefused(FlengineError, ValueError):
+    """A site's result cannot be used: the site's alone, the round goes on without it.
+
+    Raised by the checks a result passes before it counts (`engine.aggregators.check_params_match`,
+    non-finite values, a workflow's ``check_result``, an aggregator's ``accept_model``: wrong
+    round, type, shape or weight, a second result) and by a task's ``result_received_cb``. The
+    engine catches this class alone as a refusal: the result is logged without a traceback and
+    reported in the round's ``refused``. Any other exception from a check is a bug in the check:
+    it is logged with its traceback and the result counts as failed, not as refused.
+
+    It is a `ValueError` too, so code that caught the ``ValueError`` these checks raised before
+    still catches it.
+
+    Example:
+        A workflow's own check::
+
+            def check_result(self, result, client, current_round, reference):
+                super().check_result(result, client, current_round, reference)
+                if result.meta.get("epochs", 0) < 1:
+                    raise ResultRefused(f"result of {client}: trained no epoch")
+    """
+
+
+class FilterError(FlengineError):
+    """A task data or result filter raised, or returned something that is not a Shareable.
+
+    The message names the filter and the task (`engine.runtime.assembly.FilterChains`); the
+    original exception is chained.
+    """
+
+
+class AccountantMissingError(FlengineError, ImportError):
+    """``dp_accounting`` is not installed: the epsilon cannot be computed (the noise is still added).
+
+    The message says how to install it (``pip install flengine[privacy]``).
+    """
+
+
+class ClientAPIError(FlengineError):
+    """The Client API was used out of order, or the other side went away."""
+
+    exit_code = 1
+
+
+class ParamsHandedOverError(ClientAPIError):
+    """The script read the params of an FLModel whose tensors `flare.send` handed to the engine."""
+
+
+class IntoMismatchError(ClientAPIError):
+    """The received params do not fit the tensors given as ``into`` (`flare.receive(into=...)`): nothing was written."""
+
+
 class WorkflowError(FlengineError):
     """A workflow cannot go on: a client reported an error, progress stalled, too few clients are left.
 
@@ -151,3 +239,17 @@ class CheckpointError(FlengineError):
 
     The message names the file, so a user can delete the checkpoint folder to start over, or restore it.
     """
+
+
+class AdminError(FlengineError):
+    """The server refused or failed an admin command; the message is the server's reason."""
+
+
+class JobStoreError(FlengineError):
+    """A job id that is malformed or unknown, or a change the job store refuses."""
+
+    exit_code = 1
+
+
+class PocError(FlengineError):
+    """A POC command cannot do what was asked; the message names the folder and the fix."""

@@ -21,24 +21,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path, PurePath
 
-from engine.errors import FlengineError
+from engine.errors import PathOutsideError
 
 #: How a site lets a job name a folder outside the job and the workspace (for messages).
 ALLOW_DIR_HINT = "let the site allow a folder that holds it (flengine run --allow-dir DIR)"
-
-
-class PathOutsideError(FlengineError, ValueError):
-    """A path from a job or config leaves the folder it must stay in (the message names the setting).
-
-    Args:
-        setting: The setting the path came from (``download_to_disk_dir``).
-        detail: What is wrong with the path, and the fix (the message without the setting).
-    """
-
-    def __init__(self, setting: str, detail: str) -> None:
-        super().__init__(f"{setting}: {detail}")
-        self.setting = setting
-        self.detail = detail
 
 
 def path_inside(folder: Path, value: str | os.PathLike[str], setting: str, what: str = "folder") -> Path:

@@ -47,13 +47,13 @@ from safetensors import safe_open
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchnet  # noqa: E402
+from proc_tree import is_alive, process_tree, pss_mb, rss_mb  # noqa: E402
 
 JOB_CODE = Path(__file__).resolve().parent / "bench_job"
 SAMPLE_INTERVAL_S = 0.05
 #: PSS and the process tree cost far more to read than RSS; they are refreshed less often.
 PSS_INTERVAL_S = 1.0
 TREE_INTERVAL_S = 0.5
-PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
 MIB = 2**20
 #: Peaks of the daemons (poc mode) are kept under this prefix, apart from the job processes'.
 DAEMON = "daemon:"
@@ -438,12 +438,12 @@ def _sample(
     sites_of: dict[int, str] = {}
     roles_of: dict[int, str] = {}
     next_tree_s = next_pss_s = 0.0
-    while any(_exists(pid) for pid in roots) and not (stop is not None and stop.is_set()):
+    while any(is_alive(pid) for pid in roots) and not (stop is not None and stop.is_set()):
         started = time.monotonic()
         if started >= next_tree_s:
             sites_of, roles_of = {}, {}
             for root_pid in roots:
-                tree = _tree(root_pid)
+                tree = process_tree(root_pid)
                 sites_of |= {pid: site for pid in tree if (site := _site_of(pid, tree)) is not None}
                 roles_of |= {pid: "job" if "engine.runtime.entry" in tree[pid][1] else "script" for pid in tree}
             sites_of |= {pid: f"{DAEMON}{name}" for pid, name in peaks.daemons.items()}
@@ -455,12 +455,12 @@ def _sample(
         rss_sums: dict[str, float] = {}
         pss_sums: dict[str, float] = {}
         for pid, site in sites_of.items():
-            rss = _rss_mb(pid)
+            rss = rss_mb(pid)
             rss_sums[site] = rss_sums.get(site, 0.0) + rss
             process = f"{site} {roles_of.get(pid, 'job')}"
             peaks.process_rss_mb[process] = max(peaks.process_rss_mb.get(process, 0.0), rss)
             if with_pss:
-                pss_sums[site] = pss_sums.get(site, 0.0) + _pss_mb(pid)
+                pss_sums[site] = pss_sums.get(site, 0.0) + pss_mb(pid)
         for site, rss in rss_sums.items():
             peaks.rss_mb[site] = max(peaks.rss_mb.get(site, 0.0), rss)
         for site, pss in pss_sums.items():
@@ -473,28 +473,6 @@ def _sample(
     peaks.sampler_cpu_s = time.thread_time() - cpu_started
 
 
-def _tree(root_pid: int) -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of ``root_pid`` and its descendants."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        table[int(entry)] = (parent, cmdline)
-    tree, frontier = {}, [root_pid]
-    while frontier:
-        pid = frontier.pop()
-        if pid in table:
-            tree[pid] = table[pid]
-        frontier.extend(child for child, (parent, _) in table.items() if parent == pid)
-    return tree
-
-
 def _site_of(pid: int, tree: dict[int, tuple[int, str]]) -> str | None:
     """The site a process belongs to: its own ``--site`` or its nearest ancestor's."""
     while pid in tree:
@@ -503,25 +481,6 @@ def _site_of(pid: int, tree: dict[int, tuple[int, str]]) -> str | None:
             return cmdline.split("--site ", 1)[1].split()[0]
         pid = parent
     return None
-
-
-def _rss_mb(pid: int) -> float:
-    """RSS of ``pid`` in MiB (0 when it is gone): cheap, from ``statm``."""
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_MB
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _pss_mb(pid: int) -> float:
-    """PSS of ``pid`` in MiB (0 when it is gone): costly, it walks the whole address space."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, IndexError, ValueError):
-        pass
-    return 0.0
 
 
 def _folder_mb(folder: Path) -> float:
@@ -533,14 +492,6 @@ def _folder_mb(folder: Path) -> float:
             except OSError:
                 pass
     return total / MIB
-
-
-def _exists(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return status.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 HEADER = (

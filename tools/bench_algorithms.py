@@ -1,4 +1,4 @@
-"""Rounds each algorithm's digits job needs to reach FedAvg's accuracy (the README's algorithm figures).
+"""Rounds each algorithm's digits job needs to reach FedAvg's accuracy (the figures of docs/algorithms.md).
 
 Runs copies of the jobs under jobs/ (FedAvg, FedProx, FedOpt, SCAFFOLD by default) with
 ``num_rounds`` set to R + 1, each several times (the server's starting model is not seeded, so

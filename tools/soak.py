@@ -284,10 +284,10 @@ def run_poc(job: Path, root: Path, clients: int, timeout_s: float) -> dict[str, 
     from engine.deploy.poc.prepare import free_port_block
 
     poc = root / "poc"
-    _flengine("poc", "prepare", "-o", str(poc), "-n", str(clients), "--port", str(free_port_block(11)))
+    _flengine("poc", "prepare", "-d", str(poc), "-n", str(clients), "--port", str(free_port_block(11)))
     sampler = None
     try:
-        _flengine("poc", "start", "-o", str(poc))
+        _flengine("poc", "start", "-d", str(poc))
         submitted = json.loads(_flengine("admin", str(poc / "kits" / "admin"), "submit", str(job), "--format", "json"))
         store = poc / "workspaces" / "server" / "jobs" / submitted["job_id"]
         sampler = RoundSampler(str(root), lambda: store / "workspace" / "server" / "events.jsonl")
@@ -300,7 +300,7 @@ def run_poc(job: Path, root: Path, clients: int, timeout_s: float) -> dict[str, 
     finally:
         if sampler is not None:
             sampler.stop()
-        _flengine("poc", "stop", "-o", str(poc), check=False)
+        _flengine("poc", "stop", "-d", str(poc), check=False)
 
 
 def _wait_final(meta: Path, timeout_s: float) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from engine.aggregators.weighted import WeightedAggregationHelper, release_values
+from engine.errors import ResultRefused
 from engine.model import FLModel, MetaKey, ParamsType, Shareable
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,12 @@ class ModelAggregator(ABC):
 
     @abstractmethod
     def accept_model(self, model: FLModel, contributor: str) -> None:
-        """Take ``contributor``'s result; raises ValueError when it cannot be aggregated."""
+        """Take ``contributor``'s result.
+
+        Raises:
+            ResultRefused: It cannot be aggregated (the site's result alone is refused); anything
+                else raised is taken for a bug in the aggregator (the result fails, with its traceback).
+        """
 
     @abstractmethod
     def aggregate_model(self) -> FLModel:
@@ -143,7 +149,7 @@ def local_steps(meta: dict[str, Any], contributor: str, maximum: float = DEFAULT
     ``maximum``, so that a site cannot make its result outweigh every other one.
 
     Raises:
-        ValueError: The meta value is not a finite number in (0, ``maximum``]; the message
+        ResultRefused: The meta value is not a finite number in (0, ``maximum``]; the message
             names the contributor and the arg that raises the bound.
     """
     steps = meta.get(MetaKey.NUM_STEPS_CURRENT_ROUND)
@@ -153,12 +159,12 @@ def local_steps(meta: dict[str, Any], contributor: str, maximum: float = DEFAULT
         )
         return 1.0
     if not _is_weight(steps) or steps == 0:
-        raise ValueError(
+        raise ResultRefused(
             f"result of {contributor}: meta {MetaKey.NUM_STEPS_CURRENT_ROUND} must be a finite number > 0, "
             f"got {steps!r}"
         )
     if steps > maximum:
-        raise ValueError(
+        raise ResultRefused(
             f"result of {contributor}: meta {MetaKey.NUM_STEPS_CURRENT_ROUND} = {steps!r} is above the "
             f"aggregator's max_local_steps = {maximum:g}; raise max_local_steps in the aggregator's args if "
             "clients really train that many steps in a round"
@@ -209,11 +215,11 @@ class WeightedModelAggregator(ModelAggregator):
         """Add ``model`` to the running weighted sum.
 
         Raises:
-            ValueError: The model has no params, its params type differs from the accepted ones',
+            ResultRefused: The model has no params, its params type differs from the accepted ones',
                 its weight is invalid, it was already accepted, or a tensor does not fit the sum.
         """
         if model.params is None:
-            raise ValueError(f"result of {contributor} carries no params; nothing to aggregate")
+            raise ResultRefused(f"result of {contributor} carries no params; nothing to aggregate")
         weight = self._weights.get(contributor, 1.0)
         if self._weigh_by_local_iter:
             weight *= local_steps(model.meta, contributor, self._max_local_steps)
@@ -222,7 +228,7 @@ class WeightedModelAggregator(ModelAggregator):
         contribution_round = model.current_round if model.current_round is not None else -1
         with self._lock:
             if self._params_type is not None and params_type is not self._params_type:
-                raise ValueError(
+                raise ResultRefused(
                     f"result of {contributor} has {params_type.value} params but the accepted ones are "
                     f"{self._params_type.value}; all results of a round must be of one type"
                 )

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from engine.aggregators.blocks import iter_blocks, torch_dtype_of
+from engine.errors import ResultRefused
 from engine.fobs.mapped import read_only_zeros
 
 #: How many problems of each sort an error message lists before it says "and N more".
@@ -56,14 +57,14 @@ def check_params_match(reference: Mapping[str, Any], params: Mapping[str, Any], 
         contributor: Who sent ``params``, e.g. ``"site-1"``; named in the error.
 
     Raises:
-        ValueError: Names are missing or unexpected, or shapes or dtypes differ; the message
+        ResultRefused: Names are missing or unexpected, or shapes or dtypes differ; the message
             names the contributor and the first few of each.
 
     Example:
         >>> check_params_match({"w": torch.zeros(2)}, {"w": torch.zeros(3)}, "site-1")
         Traceback (most recent call last):
         ...
-        ValueError: result of site-1 does not match the model: 'w': shape (3,), expected (2,)
+        engine.errors.ResultRefused: result of site-1 does not match the model: 'w': shape (3,), expected (2,)
     """
     missing = [repr(name) for name in reference if name not in params]
     unexpected = [repr(name) for name in params if name not in reference]
@@ -85,7 +86,7 @@ def check_params_match(reference: Mapping[str, Any], params: Mapping[str, Any], 
     if different:
         problems.append(_listed(different))
     if problems:
-        raise ValueError(f"result of {contributor} does not match the model: {'; '.join(problems)}")
+        raise ResultRefused(f"result of {contributor} does not match the model: {'; '.join(problems)}")
 
 
 def non_finite_values(params: Mapping[str, Any]) -> list[str]:
@@ -136,18 +137,18 @@ def check_finite(params: Mapping[str, Any], contributor: str) -> None:
         contributor: Who sent them, named in the error.
 
     Raises:
-        ValueError: Some value is not finite; the message names the contributor, the first few
+        ResultRefused: Some value is not finite; the message names the contributor, the first few
             values, and the setting that allows them.
 
     Example:
         >>> check_finite({"w": torch.tensor([1.0, float("nan")])}, "site-1")
         Traceback (most recent call last):
         ...
-        ValueError: result of site-1 holds NaN or infinite values in 'w'; ...
+        engine.errors.ResultRefused: result of site-1 holds NaN or infinite values in 'w'; ...
     """
     found = non_finite_values(params)
     if found:
-        raise ValueError(
+        raise ResultRefused(
             f"result of {contributor} holds NaN or infinite values in {_listed([repr(n) for n in found])}; "
             "set allow_non_finite = true in the workflow's args if the job expects them"
         )

@@ -27,6 +27,7 @@ from engine.aggregators.stacked import (
     settled_params,
 )
 from engine.aggregators.weighted import WeightedAggregationHelper, release_values
+from engine.errors import ResultRefused
 from engine.fobs.tensor_pool import pooled_empty
 from engine.model import FLModel, ParamsType
 
@@ -152,7 +153,7 @@ class NormClippingAggregator(ModelAggregator):
         """Clip ``model``'s update and add it to the running weighted sum.
 
         Raises:
-            ValueError: The model has no params or a value that cannot be aggregated, its params
+            ResultRefused: The model has no params or a value that cannot be aggregated, its params
                 type differs from the accepted ones', a param does not fit the sum or the global
                 model, its update is not finite, its weight is invalid, or its contributor was
                 already accepted.
@@ -160,7 +161,7 @@ class NormClippingAggregator(ModelAggregator):
                 `start_round`), or the sum broke earlier (see `aggregate_model`).
         """
         if model.params is None:
-            raise ValueError(f"result of {contributor} carries no params; nothing to aggregate")
+            raise ResultRefused(f"result of {contributor} carries no params; nothing to aggregate")
         params_type = ParamsType(model.params_type)
         weight = self._weights.get(contributor, 1.0)
         if self._weigh_by_local_iter:
@@ -195,9 +196,9 @@ class NormClippingAggregator(ModelAggregator):
             if self._broken is not None:
                 raise RuntimeError(f"the running sum is incomplete ({self._broken}); call reset_stats()")
             if contributor in self._contributors:
-                raise ValueError(f"{contributor} already contributed to this round; a second result is refused")
+                raise ResultRefused(f"{contributor} already contributed to this round; a second result is refused")
             if self._params_type is not None and params_type is not self._params_type:
-                raise ValueError(
+                raise ResultRefused(
                     f"result of {contributor} has {params_type.value} params but the accepted ones are "
                     f"{self._params_type.value}; all results of a round must be of one type"
                 )
@@ -243,7 +244,7 @@ class NormClippingAggregator(ModelAggregator):
                         update.copy_(block).sub_(other)
                 squares += float(torch.dot(update, update))
         if not math.isfinite(squares):
-            raise ValueError(f"result of {contributor}: its update has NaN or infinite values; refused")
+            raise ResultRefused(f"result of {contributor}: its update has NaN or infinite values; refused")
         return math.sqrt(squares)
 
     def _fold(
@@ -256,7 +257,7 @@ class NormClippingAggregator(ModelAggregator):
                 try:
                     current.check(value)
                 except ValueError as e:
-                    raise ValueError(f"result of {contributor}: param {name!r}: {e}") from e
+                    raise ResultRefused(f"result of {contributor}: param {name!r}: {e}") from e
         for i, name in enumerate(params):
             try:
                 self._fold_one(name, params[name], base, weight, scale)
@@ -343,13 +344,13 @@ def _add_blocks(total: torch.Tensor, value: Any, alpha: float, block_bytes: int)
 def _reference(base: Mapping[str, Any], name: str, value: Any, contributor: str) -> Any:
     """The global model's ``name``, checked to have the result's shape."""
     if name not in base:
-        raise ValueError(
+        raise ResultRefused(
             f"result of {contributor}: param {name!r} is not in the global model; a FULL result's update is "
             "taken against it"
         )
     reference = base[name]
     if tuple(int(size) for size in reference.shape) != tuple(int(size) for size in value.shape):
-        raise ValueError(
+        raise ResultRefused(
             f"result of {contributor}: param {name!r} has shape {tuple(value.shape)}, the global model's is "
             f"{tuple(reference.shape)}"
         )

@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.aggregators.aggregator import Aggregator, ModelAggregator
 from engine.aggregators.dxo_aggregator import acceptable_dxo
+from engine.errors import ResultRefused
 from engine.model import (
     DXO,
     DataKind,
@@ -42,7 +43,8 @@ class ModelAggregatorAsDXO(Aggregator):
 
     A result is refused (``accept`` returns False and logs why) when its return code is not OK,
     its ``current_round`` header names another round, it carries no DXO or one of another kind
-    than ``expected_data_kind``, or the wrapped aggregator refuses it (ValueError or TypeError).
+    than ``expected_data_kind``, or the wrapped aggregator refuses it (`ResultRefused`; anything
+    else it raises is a bug, and is raised).
 
     Args:
         aggregator: The `ModelAggregator` to wrap; in a config, a nested component.
@@ -99,7 +101,7 @@ class ModelAggregatorAsDXO(Aggregator):
                 current_round=current_round,
             )
             self._aggregator.accept_model(model, contributor)
-        except (TypeError, ValueError) as e:  # also a return code or data kind that names no known value
+        except ResultRefused as e:
             shown = shown_round(current_round)
             logger.warning("result refused: contributor=%s round=%d reason=%s", contributor, shown, e)
             return False
@@ -131,7 +133,7 @@ class DXOAggregatorAsModel(ModelAggregator):
     WEIGHTS, DIFF: WEIGHT_DIFF, metrics alone: METRICS; the model's meta as the DXO's meta) in a
     `Shareable` with return code OK and the round's ``current_round`` header; the aggregate
     `Shareable` comes back as an `FLModel` the same way (`model_from_shareable`). A result the
-    wrapped aggregator refuses (``accept`` returns False; it logs why) raises ValueError.
+    wrapped aggregator refuses (``accept`` returns False; it logs why) raises `ResultRefused`.
 
     Args:
         aggregator: The `Aggregator` to wrap.
@@ -164,13 +166,13 @@ class DXOAggregatorAsModel(ModelAggregator):
         """Give ``contributor``'s result to the wrapped aggregator as a DXO.
 
         Raises:
-            ValueError: The wrapped aggregator refused it (its reason is in the server log).
+            ResultRefused: The wrapped aggregator refused it (its reason is in the server log).
         """
         shareable = dxo_from_model(model).to_shareable()
         shareable.set_return_code(ReturnCode.OK)
         shareable.set_header(ReservedHeaderKey.CURRENT_ROUND, self._round)
         if not self._aggregator.accept(shareable, contributor, self._round):
-            raise ValueError("refused by the aggregator (its reason is in the server log)")
+            raise ResultRefused("refused by the aggregator (its reason is in the server log)")
 
     def aggregate_model(self) -> FLModel:
         """The wrapped aggregator's aggregate as an `FLModel`.

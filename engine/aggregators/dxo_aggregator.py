@@ -16,6 +16,7 @@ from engine.aggregators.aggregator import (
 )
 from engine.aggregators.folding import FoldingModelAggregator
 from engine.aggregators.weighted import WeightedAggregationHelper, release_values
+from engine.errors import ResultRefused
 from engine.model import DXO, DataKind, ReservedHeaderKey, ReturnCode, Shareable, shown_round
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class DXOAggregator(Aggregator):
                 if metrics:
                     self._metrics.add(metrics, weight, contributor, current_round)
                 self._contributors.add(contributor)
-        except (TypeError, ValueError) as e:
+        except ResultRefused as e:
             _refuse(contributor, current_round, str(e))
             return False
         release_values(dxo.data)
@@ -129,7 +130,7 @@ class DXOAggregator(Aggregator):
         """The result's DXO if its headers and kind allow aggregating it; None (logged) otherwise."""
         try:
             return acceptable_dxo(shareable, current_round, self._kind)
-        except ValueError as e:  # also a return code or data kind that names no known value
+        except ResultRefused as e:
             _refuse(contributor, current_round, str(e))
             return None
 
@@ -168,18 +169,27 @@ def acceptable_dxo(shareable: Shareable, current_round: int, kind: DataKind) -> 
     """The DXO of a result that may be aggregated in ``current_round`` as ``kind``.
 
     Raises:
-        ValueError: The return code is not OK, the ``current_round`` header names another
-            round, the result carries no DXO, or its DXO is of another kind.
+        ResultRefused: The return code is not OK (or names no known value), the
+            ``current_round`` header names another round, the result carries no DXO, or its DXO
+            is of another kind.
     """
-    code = shareable.get_return_code()
+    try:
+        code = shareable.get_return_code()
+    except ValueError as e:  # a return code that names no known value
+        raise ResultRefused(str(e)) from e
     if code is not ReturnCode.OK:
-        raise ValueError(f"return code is {code.value}")
+        raise ResultRefused(f"return code is {code.value}")
     result_round = shareable.get_header(ReservedHeaderKey.CURRENT_ROUND)
     if result_round is not None and result_round != current_round:
-        raise ValueError(f"it is a result of round {shown_round(result_round)}")
-    dxo = DXO.from_shareable(shareable)
-    if dxo.data_kind != kind:
-        raise ValueError(f"data kind is {DataKind(dxo.data_kind).value}, expected {kind.value}")
+        raise ResultRefused(f"it is a result of round {shown_round(result_round)}")
+    try:
+        dxo = DXO.from_shareable(shareable)
+        if dxo.data_kind != kind:
+            raise ResultRefused(f"data kind is {DataKind(dxo.data_kind).value}, expected {kind.value}")
+    except ResultRefused:
+        raise
+    except (TypeError, ValueError) as e:  # no DXO, or a data kind that names no known value
+        raise ResultRefused(str(e)) from e
     return dxo
 
 

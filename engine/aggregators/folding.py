@@ -22,7 +22,8 @@ Results that arrive whole (`accept_model` on a model with real values) are folde
 sums, so both kinds can meet in one round. The sums are `WeightedAggregationHelper`'s (float32,
 or float64 for float64 and integer inputs), so the mean is bit for bit the one of
 `WeightedModelAggregator` for the same order of results. Memory: the sums (one model), nothing
-per result beyond the chunk being folded.
+per result beyond the chunk being folded. Chunks of several results are added at the same time,
+each holding only the stripes of the sum it touches (`engine.aggregators.striped_adds`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from engine.aggregators.aggregator import (
     local_steps,
     numeric_metrics,
 )
+from engine.aggregators.striped_adds import StripedAdds
 from engine.aggregators.weighted import (
     RunningSum,
     WeightedAggregationHelper,
@@ -51,6 +53,7 @@ from engine.aggregators.weighted import (
     resolve_value,
     zero_running_sum,
 )
+from engine.errors import ResultRefused
 from engine.model import FLModel, ParamsType
 
 logger = logging.getLogger(__name__)
@@ -60,9 +63,9 @@ REBUILD_SLOWDOWN = 3.0
 #: ...and never less than this many seconds; one still pulling then is left out.
 MIN_REBUILD_S = 30.0
 
-#: ``check(params)``: the workflow's checks of a result's layout (name -> meta tensor); raises ValueError.
+#: ``check(params)``: the workflow's checks of a result's layout (name -> meta tensor); raises `ResultRefused`.
 LayoutCheck = Callable[[dict[str, torch.Tensor]], None]
-#: ``check(name, tensor)``: the workflow's checks of one complete tensor (finite values); raises ValueError.
+#: ``check(name, tensor)``: the workflow's checks of one complete tensor (finite values); raises `ResultRefused`.
 TensorCheck = Callable[[str, torch.Tensor], None]
 
 
@@ -145,14 +148,14 @@ class ResultFold:
         """Refuse a layout unlike the model's (the workflow's check) or the sum's, before any chunk.
 
         Raises:
-            ValueError: Names, shapes, dtypes or the params type do not fit; nothing was folded.
+            ResultRefused: Names, shapes, dtypes or the params type do not fit; nothing was folded.
         """
         params = {
             self.name_of(item): torch.empty(shape, dtype=dtype, device="meta")
             for item, (shape, dtype) in layout.items()
         }
         if len(params) != len(layout):
-            raise ValueError(f"result of {self.contributor}: two stream entries stand for one param")
+            raise ResultRefused(f"result of {self.contributor}: two stream entries stand for one param")
         if self._check_layout is not None:
             self._check_layout(params)
         self.owner._check_fits(params, self)
@@ -164,12 +167,12 @@ class ResultFold:
         """Check elements ``start ..`` of one param (flat) and add ``weight x values`` to the sum there.
 
         Raises:
-            ValueError: The values are refused (the workflow's check: finite), or the round has
+            ResultRefused: The values are refused (the workflow's check: finite), or the round has
                 closed; the download fails, and the sum is tainted if anything of it was folded.
         """
         name = self.name_of(item)
         if name not in self.expected:
-            raise ValueError(f"result of {self.contributor}: {name!r} is not in the layout it announced")
+            raise ResultRefused(f"result of {self.contributor}: {name!r} is not in the layout it announced")
         if self._check_tensor is not None:
             self._check_tensor(name, values)
         self.owner._fold_piece(self, name, start, values)
@@ -220,6 +223,7 @@ class FoldingModelAggregator(ModelAggregator):
         self._weigh_by_local_iter = weigh_by_local_iter
         self._max_local_steps = check_max_local_steps(max_local_steps)
         self._lock = threading.Lock()
+        self._adds = StripedAdds(self._lock)  # chunks of several results are added at once
         self._sums: dict[str, RunningSum] = {}
         self._metrics = WeightedAggregationHelper()
         self._open: dict[str, ResultFold] = {}
@@ -248,7 +252,7 @@ class FoldingModelAggregator(ModelAggregator):
             check_tensor: The workflow's checks of each complete tensor.
 
         Raises:
-            ValueError: Refused before anything is pulled: the weight is invalid, the site
+            ResultRefused: Refused before anything is pulled: the weight is invalid, the site
                 already sent a result this round, the params type differs from the round's, or
                 the round has closed.
         """
@@ -256,9 +260,9 @@ class FoldingModelAggregator(ModelAggregator):
         params_type = ParamsType(header.params_type) if header.params_type is not None else ParamsType.FULL
         with self._lock:
             if self._closed:
-                raise ValueError(f"result of {contributor}: the round's aggregation has closed")
+                raise ResultRefused(f"result of {contributor}: the round's aggregation has closed")
             if contributor in self._open or contributor in self._committed or contributor in self._tainted:
-                raise ValueError(f"{contributor} already contributed to this round; a second contribution is refused")
+                raise ResultRefused(f"{contributor} already contributed to this round; a second result is refused")
             fold = ResultFold(self, contributor, weight, params_type, items or {}, check_layout, check_tensor)
             self._open[contributor] = fold
         return fold
@@ -277,7 +281,7 @@ class FoldingModelAggregator(ModelAggregator):
             for name, value in params.items():
                 current = self._sums.get(name)
                 if current is not None and current.shape != tuple(value.shape):
-                    raise ValueError(
+                    raise ResultRefused(
                         f"result of {contributor}: {name!r} has shape {tuple(value.shape)}, the round's sum "
                         f"{current.shape}"
                     )
@@ -286,7 +290,7 @@ class FoldingModelAggregator(ModelAggregator):
         others = [f for f in self._open.values() if f is not fold and f.expected]
         types = {f.params_type for f in others} | ({self._params_type} if self._params_type else set())
         if types and types != {fold.params_type}:
-            raise ValueError(
+            raise ResultRefused(
                 f"result of {fold.contributor} has {fold.params_type.value} params but the round's are "
                 f"{next(iter(types)).value}; all results of a round must be of one type"
             )
@@ -294,9 +298,9 @@ class FoldingModelAggregator(ModelAggregator):
     def _fold(self, fold: ResultFold, name: str, value: Any) -> None:
         with self._lock:
             if self._shut_for(fold):
-                raise ValueError(f"result of {fold.contributor}: the round's aggregation has closed")
+                raise ResultRefused(f"result of {fold.contributor}: the round's aggregation has closed")
             if name in fold.folded:
-                raise ValueError(f"result of {fold.contributor}: {name!r} arrived twice")
+                raise ResultRefused(f"result of {fold.contributor}: {name!r} arrived twice")
             current = self._sums.get(name)
             try:
                 if current is None:
@@ -304,7 +308,8 @@ class FoldingModelAggregator(ModelAggregator):
                 else:
                     current.check(value)
             except (TypeError, ValueError) as e:
-                raise ValueError(f"result of {fold.contributor}: value {name!r}: {e}") from e
+                raise ResultRefused(f"result of {fold.contributor}: value {name!r}: {e}") from e
+            self._adds.drain()  # a whole value is added at once: no chunk may be landing in it
             with torch.no_grad():
                 current.add(value, fold.weight)
             self._sums[name] = current
@@ -313,23 +318,23 @@ class FoldingModelAggregator(ModelAggregator):
     def _fold_piece(self, fold: ResultFold, name: str, start: int, values: torch.Tensor) -> None:
         with self._lock:
             if self._shut_for(fold):
-                raise ValueError(f"result of {fold.contributor}: the round's aggregation has closed")
+                raise ResultRefused(f"result of {fold.contributor}: the round's aggregation has closed")
             if name in fold.folded:
-                raise ValueError(f"result of {fold.contributor}: {name!r} arrived twice")
+                raise ResultRefused(f"result of {fold.contributor}: {name!r} arrived twice")
             current = self._sum_for(fold, name)
             flat = current.total.view(-1)
             if start < 0 or start + values.numel() > flat.numel():
-                raise ValueError(f"result of {fold.contributor}: elements past the end of {name!r}")
+                raise ResultRefused(f"result of {fold.contributor}: elements past the end of {name!r}")
             fold.touched = True
-            with torch.no_grad():
-                flat[start : start + values.numel()].add_(values, alpha=fold.weight)
+            stripes = self._adds.begin(name, flat.numel())
+        self._adds.add(stripes, flat, start, values, fold.weight)  # outside the lock: other results add meanwhile
 
     def _complete(self, fold: ResultFold, name: str) -> None:
         with self._lock:
             if self._shut_for(fold):
-                raise ValueError(f"result of {fold.contributor}: the round's aggregation has closed")
+                raise ResultRefused(f"result of {fold.contributor}: the round's aggregation has closed")
             if name not in fold.expected or name in fold.folded:
-                raise ValueError(f"result of {fold.contributor}: {name!r} completed twice or unannounced")
+                raise ResultRefused(f"result of {fold.contributor}: {name!r} completed twice or unannounced")
             self._sum_for(fold, name).weight += fold.weight
             fold.folded.add(name)
 
@@ -344,7 +349,7 @@ class FoldingModelAggregator(ModelAggregator):
         if current is None:
             current = self._sums[name] = zero_running_sum(shape, dtype)
         elif current.kind != "tensor" or current.shape != shape:
-            raise ValueError(f"result of {fold.contributor}: {name!r} does not fit the round's sum")
+            raise ResultRefused(f"result of {fold.contributor}: {name!r} does not fit the round's sum")
         return current
 
     def _fail(self, fold: ResultFold, reason: str) -> None:
@@ -380,11 +385,11 @@ class FoldingModelAggregator(ModelAggregator):
         """Commit ``contributor``'s folded result, or fold a whole one now.
 
         Raises:
-            ValueError: The model cannot be added (see `open_result`); a folded result that is
+            ResultRefused: The model cannot be added (see `open_result`); a folded result that is
                 incomplete taints the sum.
         """
         if model.params is None:
-            raise ValueError(f"result of {contributor} carries no params; nothing to aggregate")
+            raise ResultRefused(f"result of {contributor} carries no params; nothing to aggregate")
         with self._lock:
             fold = self._open.get(contributor)
         if fold is None:  # arrived whole: fold it here, value by value
@@ -416,7 +421,7 @@ class FoldingModelAggregator(ModelAggregator):
             fold = self._open.get(contributor)
         if fold is not None:
             fold.fail(reason)
-        raise ValueError(reason)
+        raise ResultRefused(reason)
 
     def _commit(self, fold: ResultFold, names: set[str]) -> bool:
         """Count ``fold`` in the mean if it is open and every one of ``names`` is folded; False otherwise."""
@@ -458,6 +463,8 @@ class FoldingModelAggregator(ModelAggregator):
                     len(self._committed),
                 )
                 committed = list(self._committed.values())
+                self._adds.drain()
+                self._adds.reset()
                 self._sums, self._committed, self._tainted, self._open = {}, {}, {}, {}
                 self._metrics.reset_stats()
                 self._params_type = None
@@ -492,7 +499,7 @@ class FoldingModelAggregator(ModelAggregator):
             try:
                 fold.refold(fold)
                 if not self._commit(fold, set(fold.expected)):
-                    raise ValueError("it arrived incomplete")
+                    raise ResultRefused("it arrived incomplete")
             except Exception as e:  # noqa: BLE001 - that result is left out; the others go on
                 reason = f"its result could not be pulled again after another one failed midway: {e}"
                 fold.fail(reason)
@@ -530,7 +537,7 @@ class FoldingModelAggregator(ModelAggregator):
                     else:
                         current.check(value)
                 except (TypeError, ValueError) as e:
-                    raise ValueError(f"{contributor}: value {name!r}: {e}") from e
+                    raise ResultRefused(f"{contributor}: value {name!r}: {e}") from e
 
     def aggregate_model(self) -> FLModel:
         """The weighted mean of the committed results; forgets them.
@@ -540,6 +547,7 @@ class FoldingModelAggregator(ModelAggregator):
                 (`rebuild` it first).
         """
         with self._lock:
+            self._adds.drain()  # a failed result's last chunk may still be landing
             if self._tainted:
                 raise RuntimeError(
                     f"the round's sum holds parts of failed results ({sorted(self._tainted)}); rebuild it first"
@@ -572,6 +580,8 @@ class FoldingModelAggregator(ModelAggregator):
     def _reset(self) -> list[ResultFold]:
         """Forget everything (held under the lock); return the folds whose senders may now free them."""
         held = [*self._committed.values(), *self._open.values()]
+        self._adds.drain()
+        self._adds.reset()
         self._sums = {}
         self._metrics.reset_stats()
         self._open = {}

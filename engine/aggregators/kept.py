@@ -26,6 +26,7 @@ from engine.aggregators.stacked import (
     settled_params,
 )
 from engine.aggregators.weighted import release_values
+from engine.errors import ResultRefused
 from engine.model import FLModel, ParamsType
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class KeptResultsAggregator(ModelAggregator):
 
     Results must all be FULL or all DIFF (the aggregate is of the same type), hold the same
     param names, shapes and dtypes as the first accepted one, and come from distinct
-    contributors; a result that breaks this is refused (ValueError) and the others are kept.
+    contributors; a result that breaks this is refused (`ResultRefused`) and the others are kept.
     Once aggregated, or on `reset_stats`, each kept result's lazy values are released (see
     `release_values`). Safe to call from several threads.
 
@@ -95,21 +96,21 @@ class KeptResultsAggregator(ModelAggregator):
         """Keep ``model`` for this round's aggregate.
 
         Raises:
-            ValueError: The model has no params, a value that cannot be aggregated, another
+            ResultRefused: The model has no params, a value that cannot be aggregated, another
                 params type or other names, shapes or dtypes than the first accepted result,
                 an invalid weight, or its contributor was already accepted.
         """
         if model.params is None:
-            raise ValueError(f"result of {contributor} carries no params; nothing to aggregate")
+            raise ResultRefused(f"result of {contributor} carries no params; nothing to aggregate")
         params_type = ParamsType(model.params_type)
         weight = self._weight(model, contributor)
         metrics = numeric_metrics(model.metrics, contributor)
         params, excluded = settled_params(model.params, self._exclude, contributor)
         with self._lock:
             if any(result.contributor == contributor for result in self._results):
-                raise ValueError(f"{contributor} already contributed to this round; a second result is refused")
+                raise ResultRefused(f"{contributor} already contributed to this round; a second result is refused")
             if self._params_type is not None and params_type is not self._params_type:
-                raise ValueError(
+                raise ResultRefused(
                     f"result of {contributor} has {params_type.value} params but the accepted ones are "
                     f"{self._params_type.value}; all results of a round must be of one type"
                 )
@@ -117,8 +118,8 @@ class KeptResultsAggregator(ModelAggregator):
                 first = self._results[0]
                 try:
                     check_params_match(first.params, params, contributor)
-                except ValueError as e:
-                    raise ValueError(
+                except ResultRefused as e:
+                    raise ResultRefused(
                         f"{e} (compared with the first accepted result, of {first.contributor}: every result "
                         f"of a round must hold the same params)"
                     ) from e

@@ -6,7 +6,7 @@ evaluation) apply one `ResultRules` to every result: a result with a non-finite 
 (that site's contribution alone, the round goes on), a metric that is not a finite number inside
 the range the job declares (or its default range, `default_metric_range`), or whose name is not a
 plain identifier, is dropped and logged; only accepted metrics are averaged and can make a model
-the "best".
+the "best", and only when more than one site's value went into them (`metrics_from_one_site`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ import logging
 import math
 import numbers
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.aggregators.check import check_finite
+from engine.errors import ResultRefused
 from engine.metric_ranges import default_metric_range
-from engine.model import DXO, DataKind, Shareable, shown_round
+from engine.model import DXO, DataKind, FLModel, MetaKey, Shareable, shown_round
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +85,7 @@ class ResultRules:
         """Refuse ``params`` holding a NaN or an infinity, unless allowed.
 
         Raises:
-            ValueError: Some value is not finite (see `check_finite`).
+            ResultRefused: Some value is not finite (see `check_finite`).
         """
         if not self.allow_non_finite:
             check_finite(params, contributor)
@@ -95,9 +97,12 @@ class ResultRules:
         other DXO (see `accepted_metrics`).
 
         Raises:
-            ValueError: The result carries no DXO, or a value is not finite.
+            ResultRefused: The result carries no DXO, or a value is not finite.
         """
-        dxo = DXO.from_shareable(shareable)
+        try:
+            dxo = DXO.from_shareable(shareable)
+        except ValueError as e:
+            raise ResultRefused(f"result of {contributor}: {e}") from e
         if dxo.data_kind == DataKind.METRICS:
             dxo.data = self.accepted_metrics(dxo.data, contributor, current_round)
         else:
@@ -140,6 +145,44 @@ class ResultRules:
             whose = "the job's" if name in self.metric_ranges else "the default"
             return f"{value!r} is outside {whose} range [{bounds[0]:g}, {bounds[1]:g}]"
         return None
+
+
+def metrics_from_one_site(counted: Mapping[str, Iterable[str]], job_clients: int) -> list[str]:
+    """The metrics of a round whose value one site alone decided, in a job of several sites.
+
+    A round can end with one usable result (``min_clients = 1`` and the other sites refused or
+    dead, or the others' values of a metric dropped as out of range): its metric is then that
+    site's word alone, and must not make the round's model the best one. A job with a single
+    client has nobody to compare with: its metrics are never listed.
+
+    Args:
+        counted: Each site whose result counted in the round -> the names of its metrics that
+            counted (after `ResultRules.accepted_metrics`).
+        job_clients: How many clients the job has.
+
+    Returns:
+        The names reported by fewer than two of those sites, sorted.
+
+    Example:
+        >>> metrics_from_one_site({"site-1": ["accuracy", "loss"], "site-2": ["loss"]}, job_clients=3)
+        ['accuracy']
+    """
+    if job_clients < 2:
+        return []
+    sites_per_metric = Counter(name for names in counted.values() for name in set(names))
+    return sorted(name for name, sites in sites_per_metric.items() if sites < 2)
+
+
+def marked_from_one_site(model: FLModel, names: list[str]) -> FLModel:
+    """``model`` with ``names`` (its metrics one site alone decided) as its `MetaKey.METRICS_FROM_ONE_SITE` meta.
+
+    The list replaces any the model carried (an older round's); with no names the key is left
+    out. A persistor picks no best model by a metric so listed.
+    """
+    meta = {key: value for key, value in (model.meta or {}).items() if key != MetaKey.METRICS_FROM_ONE_SITE}
+    if names:
+        meta[MetaKey.METRICS_FROM_ONE_SITE] = list(names)
+    return replace(model, meta=meta)
 
 
 def _drop(contributor: str, current_round: int | None, name: str, why: str) -> None:

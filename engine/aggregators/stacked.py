@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from engine.aggregators.blocks import block_elements, is_lazy, numel_of, read_block, torch_dtype_of
+from engine.errors import ResultRefused
 from engine.fobs.tensor_pool import pooled_empty
 
 #: Bytes of one client's block: the robust aggregators hold one such block of every client at
@@ -71,7 +72,7 @@ def settled_params(
     does not copy it each time.
 
     Raises:
-        ValueError: A value is of another type, complex, or a lazy one whose file is damaged;
+        ResultRefused: A value is of another type, complex, or a lazy one whose file is damaged;
             the message names the contributor and the param.
     """
     kept, excluded = {}, {}
@@ -90,14 +91,14 @@ def settled_params(
                 try:
                     verify()
                 except Exception as e:
-                    raise ValueError(f"{where}: {e}") from e
+                    raise ResultRefused(f"{where}: {e}") from e
         else:
-            raise ValueError(
+            raise ResultRefused(
                 f"{where} is a {type(value).__name__}; robust aggregators take torch tensors, numpy arrays "
                 "or lazy references to downloaded tensors"
             )
         if torch_dtype_of(value).is_complex:
-            raise ValueError(f"{where}: complex tensors cannot be aggregated")
+            raise ResultRefused(f"{where}: complex tensors cannot be aggregated")
         kept[name] = value
     return kept, excluded
 

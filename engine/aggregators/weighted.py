@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.errors import ResultRefused
 from engine.fobs.tensor_pool import pooled_empty
 
 logger = logging.getLogger(__name__)
@@ -93,13 +94,11 @@ def _check_lazy(value: Any, current: _Sum | None, contributor_name: str, name: s
 
 @contextmanager
 def _naming(contributor_name: str, name: str) -> Iterator[None]:
-    """Prefix a TypeError or ValueError raised inside with who sent which value."""
+    """A value that does not fit (a TypeError or ValueError inside) as `ResultRefused`, naming who sent which value."""
     try:
         yield
-    except TypeError as e:
-        raise TypeError(f"{contributor_name}: value {name!r}: {e}") from e
-    except ValueError as e:
-        raise ValueError(f"{contributor_name}: value {name!r}: {e}") from e
+    except (TypeError, ValueError) as e:
+        raise ResultRefused(f"{contributor_name}: value {name!r}: {e}") from e
 
 
 def _weighted_copy(value: torch.Tensor, weight: float) -> torch.Tensor:
@@ -232,18 +231,18 @@ class WeightedAggregationHelper:
             contribution_round: The round it belongs to.
 
         Raises:
-            ValueError: The contributor already contributed to this round, the weight is negative
-                or not finite, or a value's kind or shape differs from the sum's.
-            TypeError: A value is neither a tensor, an array, a number nor a lazy value.
+            ResultRefused: The contributor already contributed to this round, the weight is negative
+                or not finite, a value's kind or shape differs from the sum's, or a value is
+                neither a tensor, an array, a number nor a lazy value.
         """
         if not _is_number(weight) or not math.isfinite(weight) or weight < 0:
-            raise ValueError(f"weight of {contributor_name}: expected a finite number >= 0, got {weight!r}")
+            raise ResultRefused(f"weight of {contributor_name}: expected a finite number >= 0, got {weight!r}")
         weight = float(weight)
         with self._lock:
             if any(
                 h["contributor_name"] == contributor_name and h["round"] == contribution_round for h in self._history
             ):
-                raise ValueError(
+                raise ResultRefused(
                     f"{contributor_name} already contributed to round {contribution_round}; "
                     "a second contribution is refused"
                 )

@@ -32,7 +32,7 @@ from engine.cells.outbox import Outbox
 from engine.cells.pending import PendingRequests, ReplyFuture
 from engine.cells.pool import HandlerPool
 from engine.cells.protocol import HANDLER_GRACE_MAX_S, Kind, Status
-from engine.cells.security import Allowlist, CellSecurity
+from engine.cells.security import Allowlist, CellSecurity, name_owned_by
 from engine.cells.server_core import ServerCore
 from engine.cells.settings import CellSettings
 from engine.errors import CellClosedError, CellError
@@ -92,6 +92,7 @@ class Cell:
                 next_id=self._next_id,
                 authenticated=security is not None,
                 still_allowed=None if allowlist is None else allowlist.has_identity,
+                owns=name_owned_by if allowlist is None else allowlist.owns,
             )
         else:
             self._core = ClientCore(

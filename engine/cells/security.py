@@ -85,6 +85,7 @@ class Allowlist:
     def __init__(self, identities: Mapping[str, bytes | str]) -> None:
         self._by_raw_key: dict[bytes, str] = {}
         self._identities: frozenset[str] = frozenset()
+        self._delegated: dict[str, frozenset[str]] = {}  # identity -> the other site names it speaks for
         self._lock = threading.Lock()
         self.replace(identities)
 
@@ -116,6 +117,38 @@ class Allowlist:
         with self._lock:
             self._by_raw_key = {raw: name for raw, name in self._by_raw_key.items() if name in wanted}
             self._identities = frozenset(self._by_raw_key.values())
+
+    def delegate(self, table: Mapping[str, Collection[str]]) -> None:
+        """Let each identity of ``table`` also use the site names it lists (replacing earlier delegations).
+
+        A simulation's worker process holds one key and runs many virtual clients, one at a
+        time, each as its own cell: ``{"worker-1": ["site-1", "site-5"]}`` lets the connections
+        authenticated as ``worker-1`` register ``site-1``, ``site-5`` and their child cells, and
+        nothing else. A name is delegated to one identity at most.
+
+        Raises:
+            ValueError: A name delegated to two identities, or an empty name.
+        """
+        owner: dict[str, str] = {}
+        for identity, names in table.items():
+            for name in names:
+                if not isinstance(name, str) or not name or "." in name:
+                    raise ValueError(f"delegation of {identity!r}: expected site names, got {name!r}")
+                if owner.setdefault(name, identity) != identity:
+                    raise ValueError(f"delegation: {name!r} is given to both {owner[name]!r} and {identity!r}")
+        frozen = {identity: frozenset(names) for identity, names in table.items()}
+        with self._lock:
+            self._delegated = frozen
+
+    def owns(self, identity: str, fqcn: str) -> bool:
+        """Whether a connection authenticated as ``identity`` may use the cell name ``fqcn``.
+
+        Its own names (`name_owned_by`) and those of the sites delegated to it (`delegate`).
+        """
+        if name_owned_by(identity, fqcn):
+            return True
+        delegated = self._delegated.get(identity)  # one read of an immutable mapping value
+        return delegated is not None and fqcn.split(".", 1)[0] in delegated
 
     def identity_of_raw(self, raw_key: bytes) -> str | None:
         """The identity of a 32-byte public key, or None when the key is not on the list."""

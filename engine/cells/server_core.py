@@ -47,6 +47,8 @@ class ServerCore(CellCore):
             of an identity revoked since its handshake are told BYE and unregistered at the
             next sweep, and every further message of its connections is refused. None: never
             revoked.
+        owns: Whether an identity may use a cell name: `name_owned_by`, or the allowlist's
+            `~engine.cells.security.Allowlist.owns` (names delegated to a simulation's workers too).
     """
 
     is_server = True
@@ -62,10 +64,12 @@ class ServerCore(CellCore):
         endpoint: str = "",
         authenticated: bool = False,
         still_allowed: Callable[[str], bool] | None = None,
+        owns: Callable[[str, str], bool] = name_owned_by,
     ) -> None:
         super().__init__(fqcn, settings, handlers=handlers, pending=pending, next_id=next_id, endpoint=endpoint)
         self._authenticated = authenticated
         self._still_allowed = still_allowed
+        self._owns = owns
         self._peers = PeerTable()
         self._relay = RelayTable()
         self._peer_names: tuple[str, ...] = ()
@@ -102,7 +106,7 @@ class ServerCore(CellCore):
         self, routing_id: bytes | None, envelope: Envelope, frames: Sequence[Any], now_s: float, identity: str | None
     ) -> list[Action]:
         assert routing_id is not None
-        if self._authenticated and not (identity and name_owned_by(identity, envelope.source)):
+        if self._authenticated and not (identity and self._owns(identity, envelope.source)):
             return self._refuse_impostor(routing_id, envelope, identity)
         if identity and self._still_allowed is not None and not self._still_allowed(identity):
             return self._refuse_revoked(routing_id, envelope, identity)

@@ -21,11 +21,19 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from engine import __version__
 from engine.cli.deploy import add_deploy_commands, add_poc_commands, add_provision_command
-from engine.cli.output import add_format, add_verbose, count, error_document, print_json, problem_json
+from engine.cli.output import (
+    add_format,
+    add_moved_flag,
+    add_verbose,
+    count,
+    error_document,
+    print_json,
+    problem_json,
+)
 from engine.config import Problem, validate_job
 from engine.errors import ConfigError, FlengineError, UsageError
 from engine.text import printable
@@ -98,7 +106,7 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-class _BadArguments(Exception):
+class _BadArguments(FlengineError):
     def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
         super().__init__(message)
         self.parser = parser
@@ -191,6 +199,35 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     run.add_argument("-n", "--clients", type=int, default=None, metavar="N", help="clients (default: min_clients)")
+    run.add_argument(
+        "-t",
+        "--workers",
+        type=int,
+        default=None,
+        metavar="W",
+        help=(
+            "run the N clients as virtual clients on W worker processes, one client's task at a time "
+            "(for hundreds to tens of thousands of clients; docs/simulation.md); default: one process per client"
+        ),
+    )
+    run.add_argument(
+        "--backend",
+        choices=["processes", "ray"],
+        default="processes",
+        help="with -t: where the workers run: processes of this machine (default), or Ray actors (flengine[ray])",
+    )
+    run.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="with --backend ray: an existing Ray cluster to join (default: a local Ray instance)",
+    )
+    run.add_argument(
+        "--worker-cpus", type=float, default=None, metavar="N", help="with --backend ray: CPUs per worker actor"
+    )
+    run.add_argument(
+        "--worker-gpus", type=float, default=None, metavar="N", help="with --backend ray: GPUs per worker actor"
+    )
     run.add_argument(
         "--workspace", default=None, metavar="DIR", help="a new or empty folder (default: workspace/<job>-<time>)"
     )
@@ -297,12 +334,12 @@ def _add_new_command(commands: argparse._SubParsersAction) -> None:
     )
     new.add_argument("name", metavar="NAME", help="the job's folder and name, e.g. my-job (no slashes)")
     new.add_argument(
-        "-t",
         "--template",
         choices=tuple(TEMPLATES),
         default=DEFAULT_TEMPLATE,
         help=f"{', '.join(TEMPLATES)} (default: {DEFAULT_TEMPLATE})",
     )
+    add_moved_flag(new, "-t", "-t is --workers of `flengine run`; the template is --template NAME")
     new.add_argument(
         "--dir", default=".", metavar="DIR", help="the folder the job folder goes in (default: the current folder)"
     )
@@ -333,7 +370,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.resume is not None:
         given = [name for name, value in (("JOB", args.job), ("-n", args.clients), ("--workspace", args.workspace),
-                 ("--allow-dir", args.allow_dirs)) if value]  # fmt: skip
+                 ("--allow-dir", args.allow_dirs), ("-t", args.workers)) if value]  # fmt: skip
         if given:
             raise UsageError(f"--resume takes the run's own settings from its workspace; drop {', '.join(given)}")
     elif args.job is None:
@@ -356,10 +393,27 @@ def _run(args: argparse.Namespace) -> int:
                 verbose=args.verbose,
                 allowed_dirs=args.allow_dirs,
                 live=live,
+                workers=args.workers,
+                backend=_backend(args),
             )
     if as_json:
         print_json(result.summary)
     return result.exit_code
+
+
+def _backend(args: argparse.Namespace) -> Any:
+    """The workers' backend the run's options ask for (None: processes of this machine)."""
+    ray_options = [name for name, value in (("--ray-address", args.ray_address), ("--worker-cpus", args.worker_cpus),
+                   ("--worker-gpus", args.worker_gpus)) if value is not None]  # fmt: skip
+    if args.backend != "ray":
+        if ray_options:
+            raise UsageError(f"{', '.join(ray_options)}: only with --backend ray")
+        return None
+    if args.workers is None:
+        raise UsageError("--backend ray runs virtual clients on workers: give -t W (how many workers)")
+    from engine.runtime.ray_backend import RayWorkers
+
+    return RayWorkers(address=args.ray_address, cpus=args.worker_cpus, gpus=args.worker_gpus)
 
 
 def _validate(args: argparse.Namespace) -> int:

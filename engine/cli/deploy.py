@@ -8,14 +8,28 @@ import logging
 import sys
 from pathlib import Path
 
-from engine.cli.output import add_format, add_verbose, count, error_document, print_json
+from engine.cli.output import add_format, add_moved_flag, add_verbose, count, error_document, print_json
 from engine.errors import ConfigError
 
 
 def add_deploy_commands(commands: argparse._SubParsersAction) -> None:
     """``server start``, ``client start`` and ``admin``."""
     for role, what in (("server", "the server"), ("client", "a site's client")):
-        parser = commands.add_parser(role, help=f"run {what} of a provisioned project (production mode)")
+        parser = commands.add_parser(
+            role,
+            help=f"run {what} of a provisioned project (production mode)",
+            description=(
+                f"Run {what} of a project that flengine provision wrote the kits of (production mode): "
+                f"flengine {role} start KIT. "
+                + (
+                    "The server keeps the job store, schedules the submitted jobs on the sites and answers "
+                    "the admins' commands (flengine admin)."
+                    if role == "server"
+                    else "The client connects to the server of its kit, checks each job the server deploys "
+                    "against the site's policy.conf and runs the jobs it accepts."
+                )
+            ),
+        )
         actions = parser.add_subparsers(title="actions", metavar="ACTION", required=True)
         start = actions.add_parser(
             "start",
@@ -40,20 +54,31 @@ def add_deploy_commands(commands: argparse._SubParsersAction) -> None:
         help="run one admin command on the server of a provisioned project",
         description=(
             "Run one command on the server with an admin's startup kit: submit JOB_FOLDER (checked "
-            "here first; prints the job id), list, status JOB, abort JOB, delete JOB, download JOB "
-            "[-o DIR], logs JOB [SITE], clients, shutdown [SITE|all]. Exits 0 when the command succeeded, 1 when the "
-            "server refused or failed it, 2 on a usage error."
+            "here first; prints the job id), list, status JOB, watch JOB (the job live until it ends: "
+            "its round, each site's state and last result, each round's metrics), abort JOB, delete JOB, "
+            "download JOB [-o DIR], logs JOB [SITE] [--follow], clients, shutdown [SITE|all]. With "
+            "--format json a command prints one JSON document; watch and logs --follow print one JSON "
+            "object per update, a line each. Exits 0 when the command succeeded (watch and logs --follow: "
+            "when the job finished completed), 1 when the server refused or failed it (or the job did "
+            "not complete), 2 on a usage error. A server that is not running, or whose port does not "
+            "answer within 1.5 s, fails the command at once with one line."
         ),
     )
     admin.add_argument("kit", metavar="KIT", help="the admin's startup kit folder")
     admin.add_argument(
         "command",
         metavar="COMMAND",
-        choices=("submit", "list", "status", "abort", "delete", "download", "logs", "clients", "shutdown"),
-        help="submit, list, status, abort, delete, download, logs, clients or shutdown",
+        choices=("submit", "list", "status", "watch", "abort", "delete", "download", "logs", "clients", "shutdown"),
+        help="submit, list, status, watch, abort, delete, download, logs, clients or shutdown",
     )
     admin.add_argument("args", nargs="*", metavar="ARG", help="its arguments: a job folder, a job id, a site")
     admin.add_argument("-o", "--output", default=None, metavar="DIR", help="download: where results go (default: .)")
+    admin.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="logs: print new lines as they are written, until the job has ended (then exit 0 if it completed)",
+    )
     add_format(admin)
     add_verbose(admin)
     admin.set_defaults(handler=_admin)
@@ -77,9 +102,10 @@ def add_poc_commands(commands: argparse._SubParsersAction) -> None:
         "poc",
         help="try production mode on this machine: a server, N sites and an admin as local processes",
         description=(
-            "POC mode: a provisioned project on 127.0.0.1 in one folder (default ./poc): project.conf, "
-            "kits/<name>/, workspaces/<name>/ (daemon.txt is each daemon's output) and run/<name>.pid. "
-            "Then: flengine admin poc/kits/admin submit jobs/fedavg."
+            "POC mode: a provisioned project on 127.0.0.1 in one folder (default ./poc, or -d DIR): "
+            "project.conf, kits/<name>/, workspaces/<name>/ (daemon.txt is each daemon's output) and "
+            "run/<name>.pid. The folder holds secret keys: keep it out of version control. Then: "
+            "flengine admin poc/kits/admin submit jobs/fedavg."
         ),
     )
     actions = poc.add_subparsers(title="actions", metavar="ACTION", required=True)
@@ -92,7 +118,10 @@ def add_poc_commands(commands: argparse._SubParsersAction) -> None:
     }
     for action, text in helps.items():
         parser = actions.add_parser(action, help=text, description=text[:1].upper() + text[1:] + ".")
-        parser.add_argument("-o", "--folder", default=None, metavar="DIR", help="the POC folder (default: ./poc)")
+        parser.add_argument("-d", "--folder", default=None, metavar="DIR", help="the POC folder (default: ./poc)")
+        add_moved_flag(
+            parser, "-o", "-o is --output in every flengine command; the POC folder is -d DIR (or --folder DIR)"
+        )
         add_format(parser)
         add_verbose(parser)
         if action == "prepare":
@@ -125,7 +154,7 @@ def _admin(args: argparse.Namespace) -> int:
 
     if not args.verbose:  # one command, one answer: a refused or lost connection is the one Error line
         logging.getLogger("engine.cells").setLevel(logging.CRITICAL)
-    return run_admin(args.kit, args.command, args.args, args.output, args.format)
+    return run_admin(args.kit, args.command, args.args, args.output, args.format, follow=args.follow)
 
 
 def add_provision_command(commands: argparse._SubParsersAction) -> None:
@@ -188,11 +217,7 @@ def _provision(args: argparse.Namespace) -> int:
     if args.format == "json":
         print_json({**report.to_json(), **({"rollout": rollout} if args.server_kit is not None else {})})
         return 0
-    width = max(len(kit.identity) for kit in report.kits)
-    for kit in report.kits:
-        what = "key revoked, kit deleted" if kit.status == "removed" else str(kit.folder)
-        changed = f": {', '.join(kit.files)}" if kit.status == "updated" else ""
-        print(f"{kit.status:<8} {kit.identity:<{width}}  {kit.kind:<6}  {what}{changed}")
+    print("\n".join(report.table()))
     counts = collections.Counter(kit.status for kit in report.kits)
     summary = ", ".join(
         f"{counts[status]} {status}" for status in ("created", "updated", "kept", "removed") if counts[status]

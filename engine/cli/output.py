@@ -45,6 +45,28 @@ def add_format(parser: argparse.ArgumentParser, text: str = "text (default) or j
     parser.add_argument("--format", choices=("text", "json"), default="text", help=text)
 
 
+def add_moved_flag(parser: argparse.ArgumentParser, flag: str, message: str) -> None:
+    """A hidden ``flag`` (one value) that is a usage error saying ``message``: a flag that means another thing now.
+
+    A short flag means one thing in every command (``-o`` is ``--output``); a command that used
+    it otherwise answers with where its option went instead of a bare "unrecognized arguments".
+    """
+    parser.add_argument(
+        flag, action=_MovedFlag, nargs=1, default=argparse.SUPPRESS, help=argparse.SUPPRESS, moved=message
+    )
+
+
+class _MovedFlag(argparse.Action):
+    """The action of `add_moved_flag`: any use is a usage error with its message."""
+
+    def __init__(self, *args: Any, moved: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.moved = moved
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        parser.error(self.moved)
+
+
 def count(items: Sequence[object], what: str) -> str:
     """``3 problems``, ``1 problem``."""
     return f"{len(items)} {what}{'s' if len(items) != 1 else ''}"

@@ -4,7 +4,8 @@
 `is_train`, `is_evaluate` and `log`; `get_site_index`, `get_num_sites` and `get_job_sites`, this
 site's place among the job's sites (its data shard, whatever the site is called);
 `fedprox_loss`, FedProx's proximal term for the script's loss, and `ScaffoldClient`, SCAFFOLD's
-control variates and step correction. The script runs in
+control variates and step correction; `client_state`, what the script keeps for its site across
+rounds (a virtual client runs the loop afresh for each task). The script runs in
 a thread of the client process (``execution_mode = in_process``) or as its own process
 (``subprocess``); the calls are the same.
 
@@ -15,6 +16,7 @@ them afterwards raises `ParamsHandedOverError`, and the memory is reused by the 
 """
 
 from engine.client.api import (
+    client_state,
     get_job_id,
     get_job_sites,
     get_num_sites,
@@ -29,11 +31,12 @@ from engine.client.api import (
     receive,
     send,
 )
-from engine.client.exchange import ClientAPIError, TaskExchange, TaskItem
+from engine.client.exchange import TaskExchange, TaskItem
 from engine.client.fedprox import fedprox_loss
-from engine.client.handover import HandedOverParams, ParamsHandedOverError
-from engine.client.into import IntoMismatchError
+from engine.client.handover import HandedOverParams
 from engine.client.scaffold import ScaffoldClient
+from engine.client.state import ClientState
+from engine.errors import ClientAPIError, IntoMismatchError, ParamsHandedOverError
 from engine.model import FLModel, ParamsType
 
 __all__ = [
@@ -43,9 +46,11 @@ __all__ = [
     "IntoMismatchError",
     "ParamsHandedOverError",
     "ParamsType",
+    "ClientState",
     "ScaffoldClient",
     "TaskExchange",
     "TaskItem",
+    "client_state",
     "fedprox_loss",
     "get_job_id",
     "get_job_sites",

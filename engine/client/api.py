@@ -18,9 +18,10 @@ from typing import Any
 
 from engine.client.backends import install_backend, installed_backend
 from engine.client.distributed import connect_from_environment
-from engine.client.exchange import ClientAPIError
-from engine.client.handover import HANDED_OVER_MESSAGE, ParamsHandedOverError, hand_over, is_handed_over
+from engine.client.handover import HANDED_OVER_MESSAGE, hand_over, is_handed_over
 from engine.client.into import Into, targets_of
+from engine.client.state import ClientState
+from engine.errors import ClientAPIError, ParamsHandedOverError
 from engine.model import FLModel
 
 #: Task names that `is_train` and `is_evaluate` recognise.
@@ -178,6 +179,21 @@ def get_num_sites() -> int:
         ClientAPIError: The job's sites are unknown.
     """
     return len(get_job_sites())
+
+
+def client_state() -> ClientState:
+    """This site's saved state: what the script keeps across rounds (see `engine.client.state`).
+
+    A virtual client (``flengine run -t``) runs the script's loop afresh for each task, so state
+    kept in variables is gone at the next round; state kept here is not.
+
+    Raises:
+        ClientAPIError: The runtime gave no state folder (the script runs outside a job).
+    """
+    folder = _backend().state_dir
+    if folder is None:
+        raise ClientAPIError("flare.client_state(): this script's runtime keeps no state; run it through a job")
+    return ClientState(folder)
 
 
 def get_task_name() -> str | None:

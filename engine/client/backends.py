@@ -14,13 +14,14 @@ import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine.client.exchange import ClientAPIError, TaskExchange, TaskItem
+from engine.client.exchange import TaskExchange, TaskItem
 from engine.client.into import fill_into, placement_of
-from engine.errors import CellError
+from engine.errors import CellError, ClientAPIError
 from engine.model import FLModel
 from engine.site import ScriptCredentials, SiteEndpoint
 from engine.streaming.codec import Placement
@@ -39,6 +40,8 @@ ENV_JOB = "FLENGINE_JOB_ID"
 ENV_STREAMING = "FLENGINE_STREAMING"
 #: ... and the job's client sites, in order: a JSON list of names (see `Backend.job_sites`).
 ENV_JOB_SITES = "FLENGINE_JOB_SITES"
+#: ... and the folder of the site's saved state (`engine.client.state`).
+ENV_STATE_DIR = "FLENGINE_STATE_DIR"
 #: How long one receive request waits for a task before the script asks again.
 RECEIVE_POLL_S = 2.0
 
@@ -51,12 +54,16 @@ class Backend(ABC):
         job_id: The running job's id.
         job_sites: Every client site of the job, in the order the runtime gave them (the same on
             every site); empty where the runtime did not say.
+        state_dir: The folder of the site's saved state (``flare.client_state()``); None: not known.
     """
 
-    def __init__(self, site_name: str, job_id: str, job_sites: Sequence[str] = ()) -> None:
+    def __init__(
+        self, site_name: str, job_id: str, job_sites: Sequence[str] = (), state_dir: Path | None = None
+    ) -> None:
         self.site_name = site_name
         self.job_id = job_id
         self.job_sites = tuple(job_sites)
+        self.state_dir = state_dir
         self.current: TaskItem | None = None
 
     @abstractmethod
@@ -106,6 +113,7 @@ class InProcessBackend(Backend):
         job_id: The running job's id.
         on_log: Called with ``(key, value, task)`` for every `log` call.
         job_sites: Every client site of the job, in order (see `Backend`).
+        state_dir: The folder of the site's saved state (see `Backend`).
     """
 
     def __init__(
@@ -115,8 +123,9 @@ class InProcessBackend(Backend):
         job_id: str,
         on_log: Any = None,
         job_sites: Sequence[str] = (),
+        state_dir: Path | None = None,
     ) -> None:
-        super().__init__(site_name, job_id, job_sites)
+        super().__init__(site_name, job_id, job_sites, state_dir)
         self._exchange = exchange
         self._on_log = on_log
 
@@ -155,8 +164,9 @@ class SubprocessBackend(Backend):
         streaming: dict[str, Any],
         credentials: ScriptCredentials | None = None,
         job_sites: Sequence[str] = (),
+        state_dir: Path | None = None,
     ) -> None:
-        super().__init__(site_name, job_id, job_sites)
+        super().__init__(site_name, job_id, job_sites, state_dir)
         self._endpoint = SiteEndpoint.for_script(site_name, endpoint, credentials, streaming).start()
         self._cell = self._endpoint.cell
         self._codec = self._endpoint.codec
@@ -190,7 +200,11 @@ class SubprocessBackend(Backend):
         streaming = json.loads(os.environ.get(ENV_STREAMING, "{}"))
         credentials = ScriptCredentials.from_environment(os.environ)
         site, job = os.environ.get(ENV_SITE, "site"), os.environ.get(ENV_JOB, "job")
-        return cls(endpoint, site, job, streaming, credentials, job_sites_from_environment(os.environ))
+        state = os.environ.get(ENV_STATE_DIR)
+        return cls(
+            endpoint, site, job, streaming, credentials, job_sites_from_environment(os.environ),
+            Path(state) if state else None,
+        )  # fmt: skip
 
     def receive(self, timeout_s: float | None) -> TaskItem | None:
         return self._receive(timeout_s, None)

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from engine import fobs
-from engine.client.exchange import ClientAPIError, TaskItem
+from engine.client.exchange import TaskItem
+from engine.errors import ClientAPIError
 from engine.fobs.dtypes import dtype_name, torch_dtype
 from engine.fobs.tensor_pool import pooled_empty
 from engine.model import FLModel, ParamsType

@@ -42,18 +42,21 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from engine.client.backends import (
     ENV_ENDPOINT,
     ENV_JOB,
     ENV_SITE,
+    ENV_STATE_DIR,
     Backend,
     SubprocessBackend,
     job_sites_from_environment,
 )
 from engine.client.broadcast import TaskChannel
-from engine.client.exchange import ClientAPIError, TaskItem
+from engine.client.exchange import TaskItem
+from engine.errors import ClientAPIError
 from engine.model import FLModel
 from engine.site import ScriptCredentials
 
@@ -130,6 +133,12 @@ def connect_from_environment() -> Backend:
     return DistributedBackend(ranks, None, site, job, job_sites=sites)
 
 
+def _state_dir() -> Path | None:
+    """The site's state folder the executor named (every rank may read and write it)."""
+    folder = os.environ.get(ENV_STATE_DIR)
+    return Path(folder) if folder else None
+
+
 def _forget_connection_settings(environ: Any) -> None:
     """Drop the executor's address and the script's keys: only rank 0 may use them."""
     credentials = ScriptCredentials.from_environment(environ)
@@ -166,7 +175,7 @@ class DistributedBackend(Backend):
             raise ValueError(f"rank {ranks.rank}: only rank 0 holds the connection to the executor")
         if wait_slice_s <= 0:
             raise ValueError(f"wait_slice_s: expected seconds > 0, got {wait_slice_s}")
-        super().__init__(site_name, job_id, job_sites)
+        super().__init__(site_name, job_id, job_sites, leader.state_dir if leader is not None else _state_dir())
         self.ranks = ranks
         self._leader = leader
         self._wait_slice_s = wait_slice_s

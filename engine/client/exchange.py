@@ -12,16 +12,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import FlengineError
+from engine.errors import ClientAPIError
 from engine.model import FLModel
 
 log = logging.getLogger(__name__)
-
-
-class ClientAPIError(FlengineError):
-    """The Client API was used out of order, or the other side went away."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)

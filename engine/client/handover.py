@@ -24,17 +24,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 
-from engine.client.exchange import ClientAPIError
+from engine.errors import ParamsHandedOverError
 from engine.model import FLModel
 
 HANDED_OVER_MESSAGE = (
     "the params of this FLModel were handed to the engine by flare.send(..., clear_cache=True); "
     "keep a copy before send, or pass clear_cache=False"
 )
-
-
-class ParamsHandedOverError(ClientAPIError):
-    """The script read the params of an FLModel whose tensors `flare.send` handed to the engine."""
 
 
 class HandedOverParams(Mapping[str, Any]):

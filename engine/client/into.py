@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.client.exchange import ClientAPIError
+from engine.errors import ClientAPIError, IntoMismatchError
 from engine.model import FLModel, ParamsType, model_from_shareable
 from engine.streaming.via_downloader import StreamedItem
 
@@ -34,10 +34,6 @@ _NAMES_SHOWN = 5
 
 #: What ``into`` may be.
 Into = nn.Module | Mapping[str, torch.Tensor]
-
-
-class IntoMismatchError(ClientAPIError):
-    """The received params do not fit the tensors given as ``into``: nothing was written."""
 
 
 def targets_of(into: Any) -> dict[str, torch.Tensor]:

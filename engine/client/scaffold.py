@@ -30,12 +30,13 @@ from typing import Any
 
 import torch
 
+from engine.client.backends import installed_backend
+from engine.client.state import ClientState
 from engine.model import FLModel
+from engine.model.scaffold_keys import C_DELTA_KEY, C_GLOBAL_KEY
 
-#: Meta key of the server's control variate in the task's model (parameter name -> tensor).
-C_GLOBAL_KEY = "scaffold_c_global"
-#: Meta key of a client's control variate change in its result (parameter name -> tensor).
-C_DELTA_KEY = "scaffold_c_delta"
+#: The name of a site's control variate in its saved state (`engine.client.state`).
+C_LOCAL_STATE = "scaffold_c_local"
 
 
 class ScaffoldClient:
@@ -44,16 +45,27 @@ class ScaffoldClient:
     Args:
         model: The module the script trains; its trainable floating-point parameters get
             control variates (zero at first, as in the paper).
+        state: Where ``c_i`` is kept between rounds: by default the site's saved state
+            (``flare.client_state()``) when the script runs in a job, so that a script whose
+            loop runs afresh for each task (a virtual client of ``flengine run -t``) or whose
+            process was started again keeps its ``c_i``; None outside a job (memory only).
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, state: ClientState | None = None) -> None:
         self.model = model
         self._params = {
             name: param
             for name, param in model.named_parameters()
             if param.requires_grad and param.dtype.is_floating_point
         }
-        self.c_local = {name: torch.zeros_like(param, requires_grad=False) for name, param in self._params.items()}
+        self._state = state if state is not None else _site_state()
+        saved = self._state.load_tensors(C_LOCAL_STATE) if self._state is not None else None
+        if saved is not None:
+            self.c_local = _control_variate(saved, self._params, what=f"{C_LOCAL_STATE} of the site's saved state")
+            if self.c_local.keys() != self._params.keys():
+                raise ValueError(f"{C_LOCAL_STATE}: the saved control variate does not cover every trainable parameter")
+        else:
+            self.c_local = {name: torch.zeros_like(param, requires_grad=False) for name, param in self._params.items()}
         self._start: dict[str, torch.Tensor] | None = None
         self._correction: dict[str, torch.Tensor] = {}
         self._lr_sum = 0.0
@@ -111,26 +123,35 @@ class ScaffoldClient:
                 self.c_local[name] += change
                 delta[name] = change.detach().clone()
         self._start = None
+        if self._state is not None:
+            self._state.save_tensors(C_LOCAL_STATE, self.c_local)
         return {C_DELTA_KEY: delta}
 
 
-def _control_variate(value: Any, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The server's control variate checked against the module (None: zeros, the first round)."""
+def _site_state() -> ClientState | None:
+    """The site's saved state when the script runs in a job, else None."""
+    backend = installed_backend()
+    folder = getattr(backend, "state_dir", None)
+    return ClientState(folder) if folder is not None else None
+
+
+def _control_variate(
+    value: Any, params: Mapping[str, torch.Tensor], what: str = C_GLOBAL_KEY
+) -> dict[str, torch.Tensor]:
+    """A control variate (the server's, or the site's saved one) checked against the module (None: zeros)."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ValueError(f"{C_GLOBAL_KEY}: expected a dict of tensors, got {type(value).__name__}")
+        raise ValueError(f"{what}: expected a dict of tensors, got {type(value).__name__}")
     checked = {}
     for name, tensor in value.items():
         param = params.get(name)
         if param is None:
-            raise ValueError(f"{C_GLOBAL_KEY}: {name!r} is not a trainable parameter of the model")
+            raise ValueError(f"{what}: {name!r} is not a trainable parameter of the model")
         tensor = torch.as_tensor(tensor)
         if tuple(tensor.shape) != tuple(param.shape):
-            raise ValueError(
-                f"{C_GLOBAL_KEY}: {name!r} has shape {tuple(tensor.shape)}, the parameter {tuple(param.shape)}"
-            )
+            raise ValueError(f"{what}: {name!r} has shape {tuple(tensor.shape)}, the parameter {tuple(param.shape)}")
         if not bool(torch.isfinite(tensor).all()):
-            raise ValueError(f"{C_GLOBAL_KEY}: {name!r} holds a value that is not finite")
+            raise ValueError(f"{what}: {name!r} holds a value that is not finite")
         checked[name] = tensor.detach().to(device=param.device, dtype=param.dtype)
     return checked

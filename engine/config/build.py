@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config.problems import KeyPath, Problem
+from engine.config.signature import accepted_args
 from engine.config.source import ConfigDocument, type_name
 from engine.errors import ComponentBuildError, ConfigError, DottedPathError
 
@@ -254,20 +255,18 @@ def _where_raised(error: BaseException) -> str:
 
 
 def _check_signature(spec: ComponentSpec, target: Any, document: ConfigDocument) -> list[Problem]:
-    try:
-        signature = inspect.signature(target)
-    except (TypeError, ValueError):
+    """Check the args against what the target accepts (a ``**kwargs`` followed to the parent's args)."""
+    found = accepted_args(target)
+    if found is None:
         return []  # some builtins have no signature; the constructor will check its own args
-    params = signature.parameters
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    hints = _type_hints(target)
+    params, hints, takes_any = found.parameters, found.hints, found.takes_any
+    named = list(params)
     args_path = spec.key_path + ("args",)
     accepted = ", ".join(named) or "none"
 
     problems = []
     for name, value in spec.args.items():
-        if name not in params or params[name].kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        if name not in params:
             if not takes_any:
                 close = difflib.get_close_matches(name, named, n=1)
                 hint = f"did you mean {close[0]!r}? accepted: {accepted}" if close else f"accepted: {accepted}"
@@ -281,14 +280,6 @@ def _check_signature(spec: ComponentSpec, target: Any, document: ConfigDocument)
         if params[name].default is inspect.Parameter.empty and name not in spec.args:
             problems.append(document.problem(args_path + (name,), f"missing required arg {name!r} for {spec.path}"))
     return problems
-
-
-def _type_hints(target: Any) -> dict[str, Any]:
-    function = target.__init__ if inspect.isclass(target) else target
-    try:
-        return typing.get_type_hints(function)
-    except Exception:  # noqa: BLE001 - unresolvable annotations only mean we check fewer types
-        return {}
 
 
 def _mismatch(value: Any, annotation: Any) -> str | None:

@@ -24,8 +24,8 @@ from engine.config.key_metric import check_key_metric_ranges
 from engine.config.layout import AppLayout, JobLayout, discover_layout
 from engine.config.problems import KeyPath, Problem
 from engine.config.schema import check_document, with_defaults
-from engine.config.source import ConfigDocument, IncludeRefused, load_config
-from engine.errors import ConfigError
+from engine.config.source import ConfigDocument, load_config
+from engine.errors import ConfigError, IncludeRefused
 
 ALL_SITES = "@ALL"
 SERVER_SITE = "server"

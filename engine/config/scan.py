@@ -32,7 +32,7 @@ from typing import Any
 
 from engine.config.limits import MAX_CONFIG_VALUES, MAX_FULL_HOCON_TOKENS, MAX_NESTING_DEPTH
 from engine.config.problems import KeyPath, Problem
-from engine.errors import ConfigError
+from engine.errors import ConfigError, FlengineError
 
 
 def _token_pattern(blanks: str) -> re.Pattern[str]:
@@ -97,8 +97,8 @@ _VALUES_HINT = "keep big data (weights, sample lists) in a data file that the co
 _MISSING = object()
 
 
-class _NotPlain(Exception):
-    """The text uses something beyond plain HOCON, or is malformed: pyhocon reads it."""
+class _NotPlain(FlengineError):
+    """The text uses something beyond plain HOCON, or is malformed: pyhocon reads it (control flow here)."""
 
 
 @dataclass

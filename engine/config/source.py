@@ -48,7 +48,7 @@ from engine.config.locate import locate_keys, without_includes
 from engine.config.problems import KeyPath, Problem
 from engine.config.scan import ConfigScan, scan_config
 from engine.config.substitutions import EnvironmentReference, environment_references, expanded_size, resolve
-from engine.errors import ConfigError
+from engine.errors import ConfigError, FlengineError, IncludeRefused
 
 # pyhocon reads a duration as dateutil's relativedelta when python-dateutil is installed (the
 # `report` extra's matplotlib brings it) and as a timedelta otherwise, and only with dateutil
@@ -246,19 +246,6 @@ def _parse_hocon(
         raise ConfigError([Problem(display, None, (), message, "flatten it")]) from None
 
 
-class IncludeRefused(ConfigError):
-    """An include of the file was refused; ``partial`` is the rest of the file, read without any include.
-
-    `engine.config.job` checks ``partial`` too, so that one bad include does not hide the file's
-    other problems. None when the file cannot be read without its includes (e.g. it refers to
-    something only they define).
-    """
-
-    def __init__(self, problems: list[Problem], partial: ConfigDocument | None) -> None:
-        super().__init__(problems)
-        self.partial = partial
-
-
 def _without_includes(path: Path, display: str, text: str, root: Path, environment: bool) -> ConfigDocument | None:
     """The file read with every include blanked out (lines kept), or None when that cannot be read."""
     try:
@@ -354,8 +341,8 @@ def _environment_problems(
     return problems
 
 
-class _TooDeep(Exception):
-    """Substitutions made the resolved tree deeper than `MAX_NESTING_DEPTH`."""
+class _TooDeep(FlengineError):
+    """Substitutions made the resolved tree deeper than `MAX_NESTING_DEPTH` (control flow inside this module)."""
 
 
 def _to_plain(value: Any, depth: int) -> Any:

@@ -3,13 +3,12 @@
 from engine.controller.context import JobContext
 from engine.controller.controller import Controller
 from engine.controller.queue import SubmitOutcome, TaskAssignment, TaskQueue
-from engine.controller.task import ClientTask, ResultRefused, SendOrder, Task, TaskCompletionStatus
+from engine.controller.task import ClientTask, SendOrder, Task, TaskCompletionStatus
 
 __all__ = [
     "ClientTask",
     "Controller",
     "JobContext",
-    "ResultRefused",
     "SendOrder",
     "SubmitOutcome",
     "Task",

@@ -30,6 +30,9 @@ class Controller(ABC):
         resumable: Whether the workflow resumes from its checkpoint when its job runs again after
             the server stopped (``context.resuming``); a job whose unfinished workflow cannot
             ends FINISHED_ABORTED with the reason instead.
+        needs_live_clients: Whether the workflow's clients work together at the same time (a
+            client-controlled workflow such as Swarm): it cannot run on the virtual clients of
+            ``flengine run -t``, which a worker runs one at a time.
 
     Example:
         >>> class OneRound(Controller):
@@ -46,6 +49,7 @@ class Controller(ABC):
     """
 
     resumable: bool = False
+    needs_live_clients: bool = False
 
     def __init__(self) -> None:
         self._queue: TaskQueue | None = None

@@ -15,12 +15,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from enum import Enum
 from typing import Any
 
 from engine.controller.rules import BroadcastRule, TaskRule, shallow_copy
-from engine.controller.task import ClientTask, ResultRefused, Task, TaskCompletionStatus, run_callback
+from engine.controller.task import ClientTask, Task, TaskCompletionStatus, run_callback
+from engine.errors import ResultRefused
 from engine.model import ReservedHeaderKey, ReturnCode, Shareable
 
 logger = logging.getLogger(__name__)
@@ -170,6 +171,25 @@ class TaskQueue:
                 picked = self._pick_locked(client, now)
         self._finish(finished)
         return None if picked is None else self._deliver(*picked)
+
+    def clients_with_work(self, candidates: Collection[str]) -> list[str]:
+        """Those of ``candidates`` that `next_task` would give a task now (a simulation's worker asks for its clients).
+
+        Nothing is assigned: each client still asks for its task itself.
+        """
+        wanted = set(candidates)
+        found: dict[str, None] = {}
+        with self._lock:
+            if self._ended:
+                return []
+            now = self._clock()
+            for entry in self._entries:
+                targets = entry.task.targets or wanted
+                for client in targets:
+                    if client in wanted and client not in found and client not in self._dead:
+                        if entry.rule.may_send(entry.task, client, self._dead, now):
+                            found[client] = None
+        return list(found)
 
     def result_receiver(self, client: str, task_id: str) -> Callable[..., Any] | None:
         """The workflow's result receiver of ``client``'s open client task ``task_id`` (see `RESULT_RECEIVER_PROP`)."""

@@ -37,14 +37,6 @@ ClientTaskCallback = Callable[["ClientTask"], None]
 TaskCallback = Callable[["Task"], None]
 
 
-class ResultRefused(Exception):
-    """Raised by a ``result_received_cb`` that cannot use a result (wrong shapes, say).
-
-    The client task then ends with ``ERROR`` and this message as its reason, logged without a
-    traceback, and the result does not count towards the task's ``min_responses``.
-    """
-
-
 class Task:
     """A unit of work a workflow hands to clients through `broadcast`, `send` or `relay`.
 
@@ -64,7 +56,7 @@ class Task:
         result_received_cb: ``cb(client_task)`` when a client's result is accepted, in the
             submitting thread; calls for one task never overlap, so it may aggregate without a
             lock of its own. If it raises, the client task ends with ``ERROR`` (raise
-            `ResultRefused` to refuse a result with a reason and no traceback).
+            `engine.errors.ResultRefused` to refuse a result with a reason and no traceback).
         task_done_cb: ``cb(task)`` exactly once, when the task has completed.
 
     Attributes:

@@ -21,22 +21,21 @@ from engine.cells import Cell, Message, Status
 from engine.config import validate_job
 from engine.deploy import protocol
 from engine.deploy.archive import archive_digest, pack_job, unpack_job
+from engine.deploy.reach import check_reachable
 from engine.deploy.transfer import pull_archive
-from engine.errors import CellError, ConfigError, FlengineError, SecurityError, UsageError
+from engine.errors import AdminError as AdminError  # where callers import it from
+from engine.errors import CellError, ConfigError, SecurityError, UsageError
 from engine.provision import Kit
 from engine.site import SiteEndpoint, SiteSettings
 from engine.text import printable
 
-#: Seconds an admin session waits for the server to accept its connection.
+#: Seconds an admin session waits for the server to accept its connection (its handshake and
+#: registration), once its port answered (`engine.deploy.reach`: a dead server fails at once).
 CONNECT_TIMEOUT_S = 10.0
 #: Seconds between two looks at whether the server refused the session's handshake while it waits.
 REFUSAL_CHECK_S = 0.05
 #: Seconds a command may take (a submit downloads the job; an abort waits for the job to stop).
 COMMAND_TIMEOUT_S = 120.0
-
-
-class AdminError(FlengineError):
-    """The server refused or failed a command; the message is the server's reason."""
 
 
 class AdminSession:
@@ -60,6 +59,8 @@ class AdminSession:
         self._endpoint: SiteEndpoint | None = None
 
     def __enter__(self) -> AdminSession:
+        # A refused or unanswered port fails here within REACH_TIMEOUT_S, not after CONNECT_TIMEOUT_S.
+        check_reachable(self.kit.server.host, self.kit.server.port)
         settings = SiteSettings(self.kit.identity, self.kit.cell_settings(), self.kit.keys_dir)
         cell_name = f"{self.kit.identity}.{secrets.token_hex(4)}"
         endpoint = SiteEndpoint.for_site(

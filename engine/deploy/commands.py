@@ -10,7 +10,8 @@ answered exactly as an id that names no job (`unknown_job`), whatever the comman
 What one admin may hold of the server is bounded: `MAX_SUBMITS_PER_ADMIN` submits in progress,
 `MAX_QUEUED_JOBS` jobs waiting, `MAX_DOWNLOADS_PER_ADMIN` download offers not yet pulled; a
 finished job's results are packed once (``<job>/results.zip``) and every later download is
-served from that file.
+served from that file. ``watch`` and ``logs --follow`` poll with a cursor; one answer reads at
+most `engine.deploy.job_feed.FEED_MAX_BYTES` of the file, whatever the cursor says.
 """
 
 from __future__ import annotations
@@ -34,21 +35,19 @@ from engine.deploy import protocol
 from engine.deploy.archive import JobArchiveError, archive_digest, pack_job
 from engine.deploy.audit import clip
 from engine.deploy.authz import authorize, visible
+from engine.deploy.job_feed import cursor_of, read_from, tail, watch_answer
 from engine.deploy.job_store import JobRecord
 from engine.deploy.results import results_settled
 from engine.deploy.transfer import pull_archive
 from engine.errors import FlengineError
 from engine.provision.project import Participant
+from engine.runtime.process import EVENTS_FILE, LOG_FILE
 
 if TYPE_CHECKING:  # the daemon starts these commands; they only need its type
     from engine.deploy.server import ServerDaemon
 
 log = logging.getLogger(__name__)
 
-#: Lines of a log that ``logs`` returns at most (the end of the file).
-LOG_LINES = 200
-#: Bytes read from the end of a log for ``logs``: a log of a billion short lines costs no more.
-LOG_TAIL_BYTES = 256 << 10
 #: Submits one admin may have in progress at once (each holds a thread and up to 1 GiB of disk).
 MAX_SUBMITS_PER_ADMIN = 2
 #: Jobs one admin may have waiting to run (SUBMITTED) at once.
@@ -72,6 +71,7 @@ class AdminCommands:
             "delete": self._delete,
             "download": self._download,
             "logs": self._logs,
+            "watch": self._watch,
             "clients": self._clients,
             "shutdown": self._shutdown,
         }
@@ -220,9 +220,36 @@ class AdminCommands:
             return self._refuse(
                 user.name, "logs", f"job {record.job_id} did not run on {clip(site)!r}", job=record.job_id
             )
-        lines = tail_lines(self.daemon.store.workspace(record.job_id) / site / "log.txt")
-        self.daemon.audit.record(user.name, "logs", "ok", job=record.job_id, site=site)
-        return reply_json({"job_id": record.job_id, "site": site, "lines": lines})
+        offset = cursor_of(message.header)  # None: the last lines; else what follows, for `logs --follow`
+        path = self.daemon.store.workspace(record.job_id) / site / LOG_FILE
+        chunk = tail(path) if offset is None else read_from(path, offset)
+        if offset is None:  # a follower's later polls are not audited, one line per second each
+            self.daemon.audit.record(user.name, "logs", "ok", job=record.job_id, site=site)
+        return reply_json(
+            {
+                "job_id": record.job_id,
+                "site": site,
+                "lines": chunk.lines,
+                "offset": chunk.offset,
+                "more": chunk.more,
+                # read before the log: once true, every line of the log is in it (a site's comes with its results)
+                "ended": record.is_final and site not in record.results_pending,
+                "status": record.status,
+                "reason": record.reason,
+            }
+        )
+
+    def _watch(self, user: Participant, message: Message) -> Reply:
+        # what `status` shows, as it changes: the right to see the job's status is the right to watch it
+        record, denied = self._job_for(user, message, "watch", rule="status")
+        if denied:
+            return denied
+        offset = cursor_of(message.header) or 0
+        if offset == 0:  # a watcher's later polls are not audited, one line per second each
+            self.daemon.audit.record(user.name, "watch", "ok", job=record.job_id)
+        events = self.daemon.store.workspace(record.job_id) / self.daemon.kit.identity / EVENTS_FILE
+        answer = watch_answer(self._described(record), events, offset, self.daemon.connected_sites())
+        return reply_json(answer)
 
     def _clients(self, user: Participant, message: Message) -> Reply:
         denied = authorize(user, "clients")
@@ -320,9 +347,11 @@ class AdminCommands:
 
         Once no more results can come (`results_settled`), the workspace is packed once into
         ``<job>/results.zip`` and ``served`` is a hard link to it; until then it is packed afresh.
+        Each packing writes the job's ``summary.json`` first (`ServerDaemon.write_summary`).
         """
         workspace = self.daemon.store.workspace(record.job_id)
         if not results_settled(record, workspace):
+            self.daemon.write_summary(record.job_id)  # what is known now: results may still come in
             pack_job(workspace, served, max_files=protocol.RESULTS_MAX_FILES, max_bytes=protocol.RESULTS_MAX_BYTES)
             return served, archive_digest(served)
         kept = self.daemon.store.results_archive(record.job_id)
@@ -330,6 +359,7 @@ class AdminCommands:
             packing = self._packing.setdefault(record.job_id, threading.Lock())
         with packing:  # concurrent downloads of one job pack it once
             if not kept.exists():
+                self.daemon.write_summary(record.job_id)  # the last word: no more results come
                 pack_job(workspace, served, max_files=protocol.RESULTS_MAX_FILES, max_bytes=protocol.RESULTS_MAX_BYTES)
                 _link(served, kept)
             else:
@@ -375,25 +405,6 @@ class AdminCommands:
 def unknown_job(job_id: str) -> str:
     """What an admin reads for a job id that names no job, or a job they may not see: the job store's words."""
     return f"no job {job_id}"
-
-
-def tail_lines(path: Path, lines: int = LOG_LINES, tail_bytes: int = LOG_TAIL_BYTES) -> list[str]:
-    """The last ``lines`` lines of the text file ``path``, read from its last ``tail_bytes`` bytes only.
-
-    A line cut by the start of the read is left out (unless it is the only one); a file that
-    cannot be read has no lines.
-    """
-    try:
-        with path.open("rb") as source:
-            start = max(0, source.seek(0, os.SEEK_END) - tail_bytes)
-            source.seek(start)
-            data = source.read(tail_bytes)
-    except OSError:
-        return []
-    text = data.decode("utf-8", errors="replace").splitlines()
-    if start > 0 and len(text) > 1:
-        text = text[1:]
-    return text[-lines:]
 
 
 def _link(source: Path, dest: Path) -> None:

@@ -6,7 +6,7 @@
       3f9c0a1b2c4d/             one folder per job id (12 lowercase hex digits)
         job.zip                 the archive as submitted
         job/                    the archive unpacked: the folder the job runs from
-        workspace/              the server side's workspace: logs, models, result.json
+        workspace/              the server side's workspace: logs, models, result.json, summary.json
         meta.json               the `JobRecord`, rewritten atomically on every change
         results.zip             the workspace packed for ``download``, once no more results come
 
@@ -37,7 +37,8 @@ from typing import Any
 
 from engine.config import Job, Problem, inspect_job
 from engine.deploy.archive import JobArchiveError, archive_digest, unpack_job
-from engine.errors import ConfigError, FlengineError
+from engine.errors import ConfigError
+from engine.errors import JobStoreError as JobStoreError  # where callers import it from
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +59,6 @@ RESUMING_REASON = "resuming from its last completed round: the server stopped wh
 MAX_RESUMES = 3
 _STAGING_PREFIX = ".incoming-"
 _DELETING_PREFIX = ".deleting-"
-
-
-class JobStoreError(FlengineError):
-    """A job id that is malformed or unknown, or a change the store refuses."""
-
-    exit_code = 1
 
 
 class StoreStatus(str, Enum):
@@ -131,6 +126,10 @@ class JobRecord:
             a SUBMITTED job with resumes > 0 resumes on the sites it ran on.
         results_pending: Sites whose results have not come in yet, once the job ended (they
             hand them in within seconds; a download waits for them).
+        states: Every status the job had, in order: ``{"state", "time"}`` (ISO-8601 UTC; None
+            where the time is not known, as for a job the server lost), as a summary lists them.
+        exit_codes: How each of its job processes ended (the server's and each site's), by
+            process name (the server's identity, a site's name); the last run's where it resumed.
     """
 
     job_id: str
@@ -147,6 +146,8 @@ class JobRecord:
     port: int | None = None
     resumes: int = 0
     results_pending: list[str] = dataclasses.field(default_factory=list)
+    states: list[dict[str, str | None]] = dataclasses.field(default_factory=list)
+    exit_codes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
@@ -154,6 +155,8 @@ class JobRecord:
         object.__setattr__(self, "status", StoreStatus(self.status).value)
         object.__setattr__(self, "sites", list(self.sites))
         object.__setattr__(self, "results_pending", list(self.results_pending))
+        object.__setattr__(self, "states", [dict(entry) for entry in self.states])
+        object.__setattr__(self, "exit_codes", dict(self.exit_codes))
 
     @property
     def is_final(self) -> bool:
@@ -200,11 +203,25 @@ def _checked(key: str, value: Any) -> Any:
         ok = isinstance(value, list) and all(isinstance(site, str) for site in value)
     elif key == "resumes":
         ok = type(value) is int and value >= 0
+    elif key == "states":
+        ok = isinstance(value, list) and all(_is_state_entry(entry) for entry in value)
+    elif key == "exit_codes":
+        ok = isinstance(value, dict) and all(
+            isinstance(name, str) and type(code) is int for name, code in value.items()
+        )
     else:  # port
         ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
     if not ok:
         raise JobStoreError(f"job record: {key}: unexpected value {value!r}")
     return value
+
+
+def _is_state_entry(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("state"), str)
+        and (entry.get("time") is None or isinstance(entry.get("time"), str))
+    )
 
 
 class JobStore:
@@ -263,14 +280,16 @@ class JobStore:
             if refusal:
                 raise JobStoreError(refusal)
             (staging / WORKSPACE_FOLDER).mkdir(mode=0o700)
+            submitted_at = utc_now()
             record = JobRecord(
                 job_id=job_id,
                 name=str(job.meta.data["name"]),
                 submitter=submitter,
                 submitter_org=org,
                 status=StoreStatus.SUBMITTED,
-                submitted_at=utc_now(),
+                submitted_at=submitted_at,
                 digest=archive_digest(stored),
+                states=[{"state": StoreStatus.SUBMITTED.value, "time": submitted_at}],
             )
             _write_meta(staging / META_FILE, record)
             with self._lock:
@@ -305,6 +324,9 @@ class JobStore:
     def update(self, job_id: str, **changes: Any) -> JobRecord:
         """Change fields of a job's record and write it atomically; returns the new record.
 
+        A new status is added to the record's ``states`` with the time now (a final one with the
+        ``finished_at`` given beside it, None included: a time not known).
+
         Args:
             job_id: The job.
             **changes: `JobRecord` fields and their new values (``job_id`` cannot change).
@@ -324,8 +346,22 @@ class JobStore:
             if changes.get("status") == StoreStatus.BROKEN:
                 raise ValueError("BROKEN is not a status a job can be given")
             updated = dataclasses.replace(record, **changes)
+            if updated.status != record.status and "states" not in changes:
+                final = StoreStatus(updated.status).is_final and "finished_at" in changes
+                entry = {"state": updated.status, "time": changes["finished_at"] if final else utc_now()}
+                updated = dataclasses.replace(updated, states=[*record.states, entry])
             _write_meta(folder / META_FILE, updated)
         return updated
+
+    def record_exit(self, job_id: str, process: str, code: int) -> JobRecord:
+        """Note that the job's process ``process`` (the server's identity, or a site) exited with ``code``.
+
+        Raises:
+            JobStoreError: Unknown or malformed id, or the job's record is broken.
+        """
+        with self._lock:  # read and written under one lock: concurrent exits of several sites all count
+            codes = {**self.get(job_id).exit_codes, process: code}
+            return self.update(job_id, exit_codes=codes)
 
     def recover(self, resume: Callable[[JobRecord], bool] | None = None) -> list[JobRecord]:
         """At server start: queue again or abort every job left RUNNING; remove leftover staging folders and claims.

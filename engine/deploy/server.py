@@ -45,6 +45,7 @@ from engine.deploy.authz import load_participants
 from engine.deploy.folders import private_folder
 from engine.deploy.job_process import JobProcess
 from engine.deploy.job_store import MAX_RESUMES, JobRecord, JobStore, utc_now
+from engine.deploy.job_summary import write_job_summary
 from engine.deploy.kit_reload import KitChange, KitWatcher
 from engine.deploy.results import take_results
 from engine.deploy.resume import resume_placement
@@ -111,6 +112,7 @@ class ServerDaemon:
         self._threads: list[threading.Thread] = []
         self._watcher: KitWatcher | None = None
         self._reload_lock = threading.Lock()  # one reload at a time (the reload thread, or a caller)
+        self._summary_lock = threading.Lock()
 
     # ----------------------------------------------------------------- life
 
@@ -227,6 +229,7 @@ class ServerDaemon:
             REFUSALS.warning(log, "job end refused: %s ran no such job", message.source)
             return None
         self.audit.record(site, "job_process_end", "ok" if code == 0 else "failed", job=record.job_id, code=code)
+        self.store.record_exit(record.job_id, site, code)  # for the job's summary
         with self._lock:
             running = self._running.get(record.job_id)
             process = running.process if running is not None else None
@@ -507,6 +510,7 @@ class ServerDaemon:
         with self._lock:
             pending = [site for site in job.placement.sites if site not in job.ended_sites]
         self.store.update(job_id, status=state, finished_at=utc_now(), reason=reason, results_pending=pending)
+        self.store.record_exit(job_id, self.kit.identity, code)
         self.audit.record("server", "job_end", state, job=job_id, reason=reason)
         log.info("job ended: id=%s state=%s reason=%s", job_id, state, reason)
         abort_sites(self.endpoint.cell, job_id, list(job.placement.sites), "the job ended")
@@ -524,6 +528,20 @@ class ServerDaemon:
             log.warning("job %s: no results from %s within %g s", job_id, ", ".join(missing), protocol.RESULTS_WAIT_S)
         self._release(job_id)
         self.store.update(job_id, results_pending=[])
+        self.write_summary(job_id)
+
+    def write_summary(self, job_id: str) -> None:
+        """Write the job's ``summary.json`` into its workspace from what is known now (`write_job_summary`).
+
+        Called when a job's results are in, and again before its workspace is packed for a
+        download (results that came in late, a job that never ran). A failure is logged: the
+        job's results are whole without it.
+        """
+        with self._summary_lock:  # one writer at a time: the last one written holds everything
+            try:
+                write_job_summary(self.store.get(job_id), self.store.workspace(job_id), self.kit.identity)
+            except (OSError, FlengineError) as e:
+                log.warning("summary of job %s not written: %s", job_id, e)
 
     def _resume_crashed(self, job: RunningJob, code: int) -> bool:
         """Queue a job whose server process crashed to resume (its sites start again); False when it cannot."""

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from engine import client as flare
-from engine.examples.digits import Net, accuracy, load_split
+from engine.examples.digits import Net, accuracy, batch_order, load_split
 from engine.model import FLModel
 
 
@@ -61,8 +61,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
         net.train()
         steps = 0
+        order = batch_order(shard, received.current_round)  # the same batches however the loop is run
         for _ in range(args.epochs):
-            for batch in torch.randperm(len(train_y)).split(args.batch_size):
+            for batch in torch.randperm(len(train_y), generator=order).split(args.batch_size):
                 optimizer.zero_grad()
                 loss_fn(net(train_x[batch]), train_y[batch]).backward()
                 optimizer.step()

@@ -25,6 +25,7 @@ from engine.client.backends import (
     ENV_ENDPOINT,
     ENV_JOB,
     ENV_SITE,
+    ENV_STATE_DIR,
     ENV_STREAMING,
     TOPIC_LOG,
     TOPIC_RECEIVE,
@@ -34,6 +35,7 @@ from engine.client.backends import (
     job_sites_to_environment,
 )
 from engine.client.exchange import TaskExchange
+from engine.client.state import STATE_FOLDER
 from engine.executors.executor import ExecutorContext
 from engine.executors.launch import StderrTail, script_environment
 from engine.model import FLModel, shown_round
@@ -111,6 +113,7 @@ class ThreadRunner(ScriptRunner):
                 key, value, task.task_name if task else None, task.model.current_round if task else None
             ),
             job_sites=self.context.job_sites,
+            state_dir=self.context.workspace / STATE_FOLDER,
         )
         self._backend = backend
         self._thread = threading.Thread(target=self._run, name=f"script-{self.script.name}", daemon=True)
@@ -171,6 +174,7 @@ class ProcessRunner(ScriptRunner):
                 ENV_JOB: self.context.job_id,
                 ENV_STREAMING: json.dumps(streaming),
                 **job_sites_to_environment(self.context.job_sites),
+                ENV_STATE_DIR: str(self.context.workspace / STATE_FOLDER),
                 **(credentials.to_environment() if credentials is not None else {}),
             }
         )

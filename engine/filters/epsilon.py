@@ -12,12 +12,10 @@ from __future__ import annotations
 import functools
 import math
 
+from engine.errors import AccountantMissingError
+
 #: How a user gets the optional package the epsilon needs.
 PRIVACY_EXTRA = "pip install flengine[privacy]"
-
-
-class AccountantMissingError(ImportError):
-    """``dp_accounting`` is not installed: the epsilon cannot be computed (the noise is still added)."""
 
 
 @functools.lru_cache(maxsize=256)

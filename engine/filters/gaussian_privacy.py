@@ -9,7 +9,8 @@ import threading
 
 import torch
 
-from engine.filters.epsilon import PRIVACY_EXTRA, AccountantMissingError, gaussian_epsilon
+from engine.errors import AccountantMissingError
+from engine.filters.epsilon import PRIVACY_EXTRA, gaussian_epsilon
 from engine.filters.filter import Filter
 from engine.filters.updates import DP_EPSILON_METRIC, Update, blocks, check_number, update_of
 from engine.model import Shareable

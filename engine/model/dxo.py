@@ -26,6 +26,9 @@ class MetaKey:
     NUM_STEPS_CURRENT_ROUND = "NUM_STEPS_CURRENT_ROUND"
     INITIAL_METRICS = "initial_metrics"
     VALIDATION_METRICS = "validation_metrics"
+    #: Names of the model's metrics whose value one site alone decided, in a job of several
+    #: sites (`engine.aggregators.rules.metrics_from_one_site`): never used to pick a best model.
+    METRICS_FROM_ONE_SITE = "metrics_from_one_site"
 
 
 @dataclass

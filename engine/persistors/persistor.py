@@ -78,7 +78,11 @@ class ModelPersistor(ABC):
 
     @abstractmethod
     def save_model(self, model: FLModel) -> Path:
-        """Save ``model`` as the global model; return the file written."""
+        """Save ``model`` as the global model; return the file written.
+
+        A persistor that also keeps a best model picks it by no metric that
+        ``model.meta[MetaKey.METRICS_FROM_ONE_SITE]`` lists: one site alone decided its value.
+        """
 
     def drop_initial_model(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """This side will not start from the initial model (another site loads it): free it.

@@ -17,7 +17,7 @@ import safetensors.torch
 import torch
 
 from engine.errors import CheckpointError
-from engine.model import FLModel, ParamsType
+from engine.model import FLModel, MetaKey, ParamsType
 from engine.paths import JobPaths, no_link_out, plain_file_name
 from engine.persistors.checkpoint_files import (
     TEMP_SUFFIX,
@@ -222,10 +222,12 @@ class PTFileModelPersistor(ModelPersistor):
         """Write ``model.params`` as the global model; also as the best one when it is the best so far.
 
         The model is the best so far when ``model.metrics[key_metric]`` beats every earlier one
-        (is lower, with ``negate_key_metric``); the best file is a second name of the same file,
-        not a second write. Tensors are copied to contiguous CPU memory one at a time; numpy
-        arrays are converted. Returns once the file is written and the tensors are no longer
-        needed; the file takes its name once it is on disk (see `flush`).
+        (is lower, with ``negate_key_metric``) and more than one site's value went into it (the
+        workflow lists the metrics one site alone decided in ``meta[MetaKey.METRICS_FROM_ONE_SITE]``,
+        see `engine.aggregators.rules.metrics_from_one_site`). The best file is a second name of
+        the same file, not a second write. Tensors are copied to contiguous CPU memory one at a
+        time; numpy arrays are converted. Returns once the file is written and the tensors are no
+        longer needed; the file takes its name once it is on disk (see `flush`).
 
         Returns:
             The global model file.
@@ -253,7 +255,7 @@ class PTFileModelPersistor(ModelPersistor):
         del tensors
         moves = [(temp, path)]
         self._metrics_seen.update(str(name) for name in (model.metrics or {}))
-        score = self._score(model.metrics)
+        score = self._score(model.metrics, model.meta)
         if score is not None and (self._best is None or score > self._best):
             try:
                 moves.append((_second_name(temp, models_dir / self._best_name), models_dir / self._best_name))
@@ -324,13 +326,27 @@ class PTFileModelPersistor(ModelPersistor):
             f"(no {self._best_name} was written: set key_metric to one of them)"
         ]
 
-    def _score(self, metrics: Mapping[str, Any] | None) -> float | None:
-        """The key metric as a higher-is-better score, or None when the model has none."""
+    def _score(self, metrics: Mapping[str, Any] | None, meta: Mapping[str, Any] | None = None) -> float | None:
+        """The key metric as a higher-is-better score, or None when the model has none that may count.
+
+        A key metric that one site alone decided (listed in the model's
+        ``MetaKey.METRICS_FROM_ONE_SITE`` meta by the workflow) does not count: one site must
+        not pick the best model.
+        """
         value = (metrics or {}).get(self._key_metric)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
             logger.warning("key metric is not a number, best model not updated: %s=%r", self._key_metric, value)
+            return None
+        from_one_site = (meta or {}).get(MetaKey.METRICS_FROM_ONE_SITE)
+        if isinstance(from_one_site, (list, tuple, set, frozenset)) and self._key_metric in from_one_site:
+            logger.warning(
+                "best model not updated: key metric from one site alone: %s=%r (no other site's value "
+                "counted this round; a best model is chosen only by a value two or more sites reported)",
+                self._key_metric,
+                value,
+            )
             return None
         return -float(value) if self._negate else float(value)
 

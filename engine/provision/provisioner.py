@@ -94,6 +94,19 @@ class ProvisionReport:
         kits = [{**dataclasses.asdict(kit), "folder": str(kit.folder), "files": list(kit.files)} for kit in self.kits]
         return {"project": self.project, "output": str(self.output), "kits": kits}
 
+    def table(self) -> list[str]:
+        """The kits as text, under a header: status, name, kind, folder (and what an update wrote).
+
+        ``flengine provision`` and ``flengine poc prepare`` print this same table.
+        """
+        width = max([4, *(len(kit.identity) for kit in self.kits)])
+        lines = [f"{'status':<8} {'name':<{width}}  {'kind':<6}  folder"]
+        for kit in self.kits:
+            what = "key revoked, kit deleted" if kit.status == "removed" else str(kit.folder)
+            changed = f": {', '.join(kit.files)}" if kit.status == "updated" else ""
+            lines.append(f"{kit.status:<8} {kit.identity:<{width}}  {kit.kind:<6}  {what}{changed}")
+        return lines
+
 
 @dataclasses.dataclass
 class _Existing:

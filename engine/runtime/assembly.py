@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ComponentSpec, ConfigDocument, Job, KeyPath, build_component
-from engine.errors import ConfigError
+from engine.errors import ConfigError, FilterError, PathOutsideError
 from engine.fobs.tensor_pool import DEFAULT_IDLE_RELEASE_S, TENSOR_POOL
 from engine.model import Shareable
-from engine.paths import JobPaths, PathOutsideError
+from engine.paths import JobPaths
 from engine.streaming.via_downloader import DEFAULT_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
@@ -108,10 +108,6 @@ def build_executors(document: ConfigDocument) -> list[ExecutorRoute]:
 def route_task(routes: Sequence[ExecutorRoute], task_name: str) -> Any | None:
     """The executor of the first route whose task names match ``task_name``."""
     return next((route.executor for route in routes if route.matches(task_name)), None)
-
-
-class FilterError(Exception):
-    """A filter raised or returned something that is not a Shareable."""
 
 
 @dataclass

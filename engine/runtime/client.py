@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cells import Message
-from engine.cells.retry import request_with_retries
+from engine.cells.retry import RetryPolicy, request_with_retries
 from engine.config import Job
 from engine.errors import CellError, CellRemoteError, SecurityError
 from engine.executors.client_api import REASON_HEADER
@@ -74,6 +74,9 @@ class ClientJob:
             seconds: since the task arrived, before its result is sent).
         job_sites: Every client site of the job, in the same order on every site (what the
             Client API's ``get_site_index`` counts in); it must name ``site``. Empty: not known.
+        turn: A virtual client's turn (a simulation's worker runs it, `engine.runtime.worker`):
+            run one task the server has for this client now (none if it says "wait"), then return;
+            its cell stays open while the server holds its last result (`holding`, `close`).
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class ClientJob:
         server_silence_limit_s: float = DEFAULT_SERVER_SILENCE_LIMIT_S,
         report: Callable[..., None] | None = None,
         job_sites: Sequence[str] = (),
+        turn: bool = False,
     ) -> None:
         app = job.app_for(site.name)
         if app is None or app.client is None:
@@ -101,6 +105,7 @@ class ClientJob:
         self.job_id = job_id
         self.job_sites = tuple(job_sites)
         self.server_silence_limit_s = server_silence_limit_s
+        self.turn = turn
         self._report = report or (lambda event, **fields: None)
         self.abort_signal = threading.Event()
         self._task_ready = threading.Event()  # set by the server's notice that a task is scheduled
@@ -113,7 +118,9 @@ class ClientJob:
         document = self.app.client
         config = document.data
         if self.app.custom_dir is not None and self.app.custom_dir.is_dir():
-            sys.path.insert(0, str(self.app.custom_dir.resolve()))
+            custom = str(self.app.custom_dir.resolve())
+            if custom not in sys.path:  # a worker runs many turns of the same app
+                sys.path.insert(0, custom)
         self.settings = streaming_settings(config)
         configure_tensor_pool(config)
         components = build_entries(document, "components")
@@ -155,7 +162,9 @@ class ClientJob:
             downloads_to_disk=self.network.downloads_to_disk,
             job_sites=self.job_sites,
         )
-        if self.job_sites:  # which shard a script takes by get_site_index: worth a line in the site's log
+        if self.turn:
+            log.info("turn of site=%s", self.site)
+        elif self.job_sites:  # which shard a script takes by get_site_index: worth a line in the site's log
             index = self.job_sites.index(self.site)
             sites = ",".join(self.job_sites)
             log.info("job sites site=%s index=%d of=%d sites=%s", self.site, index, len(self.job_sites), sites)
@@ -179,8 +188,18 @@ class ClientJob:
                         component.flush()
                 except Exception:
                     log.exception("component could not finish its writes component=%s", component_id)
-            self.chunks_served = self.network.chunks_served
-            self.network.close()
+            if not (self.turn and self.holding()):
+                self.close()
+
+    def holding(self) -> bool:
+        """Whether the server still holds this client's last result (it may pull it once more)."""
+        service = self.network.service
+        return bool(self._held_results) and service is not None and service.open_offers() > 0
+
+    def close(self) -> None:
+        """Close this client's cell (`run` does, unless a turn ends while its result is held)."""
+        self.chunks_served = self.network.chunks_served
+        self.network.close()
 
     def _resolve_endpoint(self) -> str:
         if callable(self.endpoint):
@@ -253,9 +272,7 @@ class ClientJob:
             raise SecurityError(self.site_settings.describe_refusal(error))
 
     def _pull_loop(self, routes: list[Any], data_filters: FilterChains, result_filters: FilterChains) -> None:
-        last_heard = time.monotonic()
-        retry = self.codec.context.retry
-        failures = 0
+        silence = ServerSilence(self.site, self.server_silence_limit_s, self.codec.context.retry)
         request_id = uuid.uuid4().hex  # kept while asking again: a repeat gets the first one's task
         while not self.abort_signal.is_set():
             self._task_ready.clear()  # a notice from now on cuts the next wait short
@@ -269,27 +286,25 @@ class ClientJob:
                 )
             except CellError as e:
                 self._check_not_refused()
-                silent_s = time.monotonic() - last_heard
-                if silent_s > self.server_silence_limit_s:
-                    raise CellError(f"{self.site}: the server did not answer for {silent_s:.0f} s ({e})") from e
-                failures += 1
-                wait_s = min(retry.wait_s(failures), GET_TASK_MAX_WAIT_S)
-                log.warning("server not reachable, retrying in %.2f s: %s", wait_s, e)
+                wait_s = silence.failed(e)
                 if self.cell.connected:
                     self.abort_signal.wait(wait_s)
                 else:  # the cell reconnects by itself: ask as soon as it has
                     self.cell.wait_connected(wait_s)
                 continue
-            failures = 0
+            silence.heard()
             request_id = uuid.uuid4().hex
-            last_heard = time.monotonic()
             state = reply.header.get("state")
             if state == protocol.STATE_END:
                 log.info("server ended the run tasks_done=%d", self.tasks_done)
                 return
             if state == protocol.STATE_TASK:
                 self._run_task(reply, routes, data_filters, result_filters)
-                last_heard = time.monotonic()
+                silence.heard()
+                if self.turn:  # one task a turn: the script's loop runs afresh for each task
+                    return
+            elif self.turn:  # nothing for this virtual client now: its worker goes on with the next
+                return
             else:
                 self._task_ready.wait(float(reply.header.get("retry_s", protocol.DEFAULT_RETRY_S)))
 
@@ -404,6 +419,41 @@ class ClientJob:
             log.warning("the server refused the result of task=%s: %s", task_name, e)
         except CellError as e:
             log.warning("result of task=%s not delivered: %s", task_name, e)
+
+
+class ServerSilence:
+    """How long a client (or a simulation's worker) has gone without an answer from the server.
+
+    Args:
+        who: The asking site, for the error.
+        limit_s: How long to keep asking an unreachable server.
+        retry: The job's retry policy: the wait before each next ask grows with the failures.
+    """
+
+    def __init__(self, who: str, limit_s: float, retry: RetryPolicy) -> None:
+        self.who = who
+        self.limit_s = limit_s
+        self.retry = retry
+        self.heard()
+
+    def heard(self) -> None:
+        """The server answered."""
+        self._last_heard = time.monotonic()
+        self._failures = 0
+
+    def failed(self, error: CellError) -> float:
+        """An ask failed with ``error``: the seconds to wait before the next (at most `GET_TASK_MAX_WAIT_S`).
+
+        Raises:
+            CellError: The server has not answered for longer than the limit.
+        """
+        silent_s = time.monotonic() - self._last_heard
+        if silent_s > self.limit_s:
+            raise CellError(f"{self.who}: the server did not answer for {silent_s:.0f} s ({error})") from error
+        self._failures += 1
+        wait_s = min(self.retry.wait_s(self._failures), GET_TASK_MAX_WAIT_S)
+        log.warning("server not reachable, retrying in %.2f s: %s", wait_s, error)
+        return wait_s
 
 
 def _failed(code: ReturnCode, reason: str) -> Shareable:

@@ -1,4 +1,4 @@
-"""The processes the simulator starts: ``python -m engine.runtime.entry server|client ...``.
+"""The processes the simulator starts: ``python -m engine.runtime.entry server|client|worker ...``.
 
 Each writes its log to ``<workspace>/<site>/log.txt``, its figures to ``process.json``, its memory
 over time to ``rss.csv`` (`RssSampler`) and its progress events to ``events.jsonl``; the server
@@ -12,6 +12,9 @@ clients' processes on its stdin, one JSON line each (``{"exited": SITE, "code": 
 the simulator's launcher or the server daemon): a client whose process ended is dead at once,
 not after the heartbeat timeout. ``--clients`` names the job's client sites, in one order for
 all: a server's clients, and a client's fellow sites (the Client API's ``get_site_index``).
+A ``worker`` runs a simulation's virtual clients (`engine.runtime.worker`); ``--sites`` names the
+plan file (`engine.runtime.workers.WorkerPlan`) that gives the job's clients and each worker's
+share, for the server and the workers (10,000 names do not belong on a command line).
 Once a process has written its result, its ``process.json`` and its
 logs, it exits at once (`exit_now`): nothing is left to wait for, and the interpreter's teardown
 of torch would only make the run end later.
@@ -30,11 +33,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from engine import fault_points
 from engine.config import Job, load_job
-from engine.errors import CellError, FlengineError
+from engine.errors import CellError, FlengineError, UsageError
 from engine.fobs.tensor_pool import TENSOR_POOL
 from engine.runtime.assembly import largest_chunk_bytes
 from engine.runtime.client import ClientJob
@@ -51,6 +54,8 @@ from engine.runtime.process import (
 from engine.runtime.rss import RssSampler
 from engine.runtime.server import ServerJob
 from engine.runtime.states import JobState
+from engine.runtime.worker import VirtualClientWorker
+from engine.runtime.workers import WorkerPlan
 from engine.site import INSECURE_WARNING, SiteSettings, cell_settings_of
 
 log = logging.getLogger(__name__)
@@ -82,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, folder: Path) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the simulator decides; it sends SIGTERM
+    _on_signal(signal.SIGINT, signal.SIG_IGN)  # the simulator decides; it sends SIGTERM
     fault_points.set_site(args.site)
     job = load_job(args.job)
     chunk_bytes = largest_chunk_bytes(job)
@@ -90,19 +95,33 @@ def _run(args: argparse.Namespace, folder: Path) -> int:
         threshold = mmap_threshold_for(chunk_bytes)
         log.debug("glibc mmap threshold %d bytes (largest chunk %d bytes)", threshold, chunk_bytes)
     try:
-        site = _site_settings(job, args)
+        plan = WorkerPlan.read(Path(args.sites)) if args.sites else None
+        site = _site_settings(job, args, plan)
     except FlengineError as e:
         log.error("%s", e)
         print(f"Error: {args.site}: {e}", file=sys.stderr)
         return 1
     if args.role == "server":
-        return _run_server(job, site, folder, args)
+        return _run_server(job, site, folder, args, plan)
+    if args.role == "worker":
+        return _run_worker(job, site, folder, args, plan)
     return _run_client(job, site, folder, args)
 
 
-def _site_settings(job: Job, args: argparse.Namespace) -> SiteSettings:
-    """This process's site: its name, its keys (or ``--insecure``), its app's cell settings, its ``--allow-dir``s."""
-    app = job.app_for(args.site)
+def _on_signal(signum: int, handler: Any) -> None:
+    """Install a signal handler where this process's main thread runs us (not so in a Ray actor's call)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signum, handler)
+
+
+def _site_settings(job: Job, args: argparse.Namespace, plan: WorkerPlan | None) -> SiteSettings:
+    """This process's site: its name, its keys (or ``--insecure``), its app's cell settings, its ``--allow-dir``s.
+
+    A worker's cell settings are its first client's app's.
+    """
+    if args.role == "worker" and (plan is None or args.site not in plan.workers):
+        raise UsageError(f"a worker needs --sites, a plan that gives {args.site!r} its clients")
+    app = job.app_for(plan.workers[args.site][0] if args.role == "worker" and plan is not None else args.site)
     document = None if app is None else (app.server if args.role == "server" else app.client)
     config = {} if document is None else document.data
     if args.insecure:
@@ -118,12 +137,13 @@ def _site_settings(job: Job, args: argparse.Namespace) -> SiteSettings:
     return site
 
 
-def _run_server(job: Job, site: SiteSettings, folder: Path, args: argparse.Namespace) -> int:
+def _run_server(job: Job, site: SiteSettings, folder: Path, args: argparse.Namespace, plan: WorkerPlan | None) -> int:
     events = EventWriter(file=folder / EVENTS_FILE)
-    clients = _site_names(args.clients)
-    server = ServerJob(job, site, folder, clients, args.job_id, events, resume=args.resume)
+    clients = list(plan.clients) if plan is not None else _site_names(args.clients)
+    workers = plan.workers if plan is not None else None
+    server = ServerJob(job, site, folder, clients, args.job_id, events, resume=args.resume, workers=workers)
     parent = "the server daemon" if args.port is not None else "the simulator"  # a daemon gives the job's port
-    signal.signal(signal.SIGTERM, lambda *_: server.abort(f"stopped by {parent} (SIGTERM)"))
+    _on_signal(signal.SIGTERM, lambda *_: server.abort(f"stopped by {parent} (SIGTERM)"))
     exit_with_parent(args.parent_pid, lambda: server.abort(f"{parent} went away"))
     if args.exit_notices:
         notices = (sys.stdin.buffer, server.client_exited, server.site_revoked)
@@ -159,23 +179,8 @@ def _run_client(job: Job, site: SiteSettings, folder: Path, args: argparse.Names
         log.error("%s", reason)
         print(f"Error: {site.name}: {reason}", file=sys.stderr)
         return 1
-    endpoint: str | Callable[[], str] = args.connect
-    if args.connect == ENDPOINT_FROM_STDIN:
-        endpoint = lambda: _endpoint_from_stdin(events)  # noqa: E731 (called once its executors are built)
-
-    client = ClientJob(job, site, endpoint, folder, args.job_id, report=events, job_sites=job_sites)
-    signal.signal(signal.SIGTERM, lambda *_: _stop_client(client, folder, args.site))
-    exit_with_parent(args.parent_pid, client.abort_signal.set)
-    code = 0
-    try:
-        client.run()
-    except _NoEndpoint as e:  # the run ended before the server listened: this client has nothing to do
-        log.info("%s", e)
-    except Exception as e:
-        log.exception("client job failed")
-        print(f"Error: {args.site}: {type(e).__name__}: {e}", file=sys.stderr)
-        code = 1
-    events.close()
+    client = ClientJob(job, site, _endpoint_of(args, events), folder, args.job_id, report=events, job_sites=job_sites)
+    code = _run_until_done(client, events, folder, args)
     write_process_file(
         folder,
         args.site,
@@ -183,6 +188,46 @@ def _run_client(job: Job, site: SiteSettings, folder: Path, args: argparse.Names
         chunks_served=client.chunks_served,
         tensor_pool=TENSOR_POOL.stats(),
     )
+    return code
+
+
+def _run_worker(job: Job, site: SiteSettings, folder: Path, args: argparse.Namespace, plan: WorkerPlan | None) -> int:
+    assert plan is not None  # `_site_settings` checked it
+    events = EventWriter(file=folder / EVENTS_FILE, echo=False)
+    clients, workspace = plan.workers[site.name], Path(args.workspace)
+    worker = VirtualClientWorker(
+        job, site, clients, _endpoint_of(args, events), workspace, args.job_id, plan.clients, report=events
+    )
+    code = _run_until_done(worker, events, folder, args)
+    write_process_file(
+        folder, args.site, turns=worker.turns, tasks_done=worker.tasks_done, tensor_pool=TENSOR_POOL.stats()
+    )
+    return code
+
+
+def _endpoint_of(args: argparse.Namespace, events: EventWriter) -> str | Callable[[], str]:
+    """``--connect``'s endpoint, or (``-``) a callable that reads it on stdin once its executors are built."""
+    if args.connect == ENDPOINT_FROM_STDIN:
+        return lambda: _endpoint_from_stdin(events)
+    return str(args.connect)
+
+
+def _run_until_done(
+    runner: ClientJob | VirtualClientWorker, events: EventWriter, folder: Path, args: argparse.Namespace
+) -> int:
+    """Run a client's or a worker's loop until the run ends; stop on SIGTERM or when the parent goes; its exit code."""
+    _on_signal(signal.SIGTERM, lambda *_: _stop_on_term(runner, folder, args.site))
+    exit_with_parent(args.parent_pid, runner.abort_signal.set)
+    code = 0
+    try:
+        runner.run()
+    except _NoEndpoint as e:  # the run ended before the server listened: nothing to do
+        log.info("%s", e)
+    except Exception as e:
+        log.exception("%s failed", args.role)
+        print(f"Error: {args.site}: {type(e).__name__}: {e}", file=sys.stderr)
+        code = 1
+    events.close()
     return code
 
 
@@ -228,12 +273,12 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _stop_client(client: ClientJob, folder: Path, site: str) -> None:
-    """SIGTERM: abandon the task; a training script that does not return in time cannot hold the exit."""
-    client.abort_signal.set()
+def _stop_on_term(runner: ClientJob | VirtualClientWorker, folder: Path, site: str) -> None:
+    """SIGTERM of a client or a worker: abandon the task, and exit after `STOP_GRACE_S` whatever the script does."""
+    runner.abort_signal.set()
 
     def exit_late() -> None:
-        write_process_file(folder, site, tasks_done=client.tasks_done, stopped="SIGTERM")
+        write_process_file(folder, site, tasks_done=runner.tasks_done, stopped="SIGTERM")
         logging.shutdown()
         os._exit(143)
 
@@ -281,7 +326,7 @@ def read_site_notices(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine.runtime.entry")
-    parser.add_argument("role", choices=["server", "client"])
+    parser.add_argument("role", choices=["server", "client", "worker"])
     parser.add_argument("--job", required=True, help="the job folder")
     parser.add_argument("--workspace", required=True, help="the job's workspace folder")
     parser.add_argument("--site", default="server", help="this process's site name")
@@ -291,6 +336,9 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help="the job's client sites, comma-separated, in one order for all (server: who takes part; client: "
         "what the Client API's get_site_index counts in)",
+    )
+    parser.add_argument(
+        "--sites", default="", help="a worker plan file (sites.json): the job's clients and each worker's share"
     )
     parser.add_argument("--connect", default="", help="client: the server's endpoint; - to read it on stdin")
     parser.add_argument("--host", default="", help="server: the address to bind (instead of the job's cell.host)")

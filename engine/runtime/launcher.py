@@ -175,6 +175,10 @@ class Launcher:
         """Give every client started with ``endpoint_pipe`` the server's endpoint (None: close their stdin)."""
         self._send({"endpoint": endpoint})
 
+    def tell_exit(self, site: str, code: int | None) -> None:
+        """Tell the processes that take exit notices that ``site`` (not one of the launcher's) exited."""
+        self._send({"exited": site, "code": code})
+
     def send_signal(self, site: str, signum: int) -> None:
         """Send ``signum`` to ``site``'s process, if it still runs (the launcher knows, having reaped it or not)."""
         process = self._processes.get(site)

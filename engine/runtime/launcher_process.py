@@ -106,6 +106,9 @@ def _command(
             with contextlib.suppress(OSError):  # a client that is gone
                 os.write(fd, line)
         _close_all(endpoint_pipes)
+    elif "exited" in command:  # a process the simulator runs elsewhere (a Ray actor) ended
+        code = command.get("code")
+        _tell_exit(notice_pipes, str(command["exited"]), code if isinstance(code, int) else None)
     elif "signal" in command:
         pid = pids.get(str(command["signal"]))
         if pid in children:  # not reaped yet: the pid is still this child's
@@ -187,7 +190,7 @@ def _reap(children: dict[int, str], reports: IO[str], notice_pipes: dict[str, in
             _tell_exit(notice_pipes, site, code)
 
 
-def _tell_exit(notice_pipes: dict[str, int], site: str, code: int) -> None:
+def _tell_exit(notice_pipes: dict[str, int], site: str, code: int | None) -> None:
     """Write ``site``'s exit to the processes that take exit notices; forget a pipe whose reader is gone."""
     own = notice_pipes.pop(site, None)
     if own is not None:

@@ -184,6 +184,12 @@ class SiteBoard:
     def _on_client_dead(self, event: dict[str, Any]) -> None:
         self._set(event, f"dead: {event.get('reason') or 'stopped answering'}", failed=True)
 
+    def _on_worker_dead(self, event: dict[str, Any]) -> None:
+        self._set(event, f"dead ({event.get('reason') or 'died'}): its {event.get('clients', '')} clients", failed=True)
+
+    def _on_worker_back(self, event: dict[str, Any]) -> None:
+        self._on_client_back(event)
+
     def _on_client_back(self, event: dict[str, Any]) -> None:
         site = self.sites.get(str(event.get("site")))
         if site is not None:

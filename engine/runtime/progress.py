@@ -110,6 +110,14 @@ class ProgressPrinter:
     def _on_client_back(self, event: dict[str, Any]) -> None:
         self.line(f"{self._prefix()} {event['site']}: back; it takes part again from the next round")
 
+    def _on_worker_dead(self, event: dict[str, Any]) -> None:
+        clients = event.get("clients", "its")
+        self.line(f"{self._prefix()} {event['site']} {event.get('reason') or 'died'}: its {clients} clients are dead")
+
+    def _on_worker_back(self, event: dict[str, Any]) -> None:
+        clients = event.get("clients", "its")
+        self.line(f"{self._prefix()} {event['site']} is back: its {clients} clients take part from the next round")
+
     def _on_round_replacements(self, event: dict[str, Any]) -> None:
         lost, drawn = ", ".join(event.get("lost") or []), ", ".join(event.get("drawn") or [])
         self.line(f"{self._prefix()} {lost} died during the round; asking {drawn} instead")

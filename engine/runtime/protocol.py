@@ -14,6 +14,10 @@ HEADER_JOB_ID = "job_id"
 #: Header of a task request and of a result: an id the client keeps while it asks again after a
 #: timeout or a lost connection, so that a repeat gets the first one's answer (see `engine.runtime.repeats`).
 HEADER_REQUEST_ID = "request_id"
+#: Worker -> server: "which of my virtual clients have a task now?" (a simulation run with ``-t``).
+#: Reply header ``state``: ``task`` with ``clients`` (the names, each then asks with its own
+#: cell), ``wait`` with ``retry_s``, or ``end``. The first one also says the worker's clients are ready.
+TOPIC_GET_WORK = "work"
 #: Server -> client, fire and forget: a task that targets it was just scheduled. A waiting
 #: client asks at once instead of at the end of its ``retry_s``.
 TOPIC_TASK_READY = "ready"

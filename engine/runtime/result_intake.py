@@ -20,7 +20,7 @@ from typing import Any
 
 from engine.cells import Message, Reply, Status
 from engine.controller import SubmitOutcome
-from engine.errors import StreamingError
+from engine.errors import FlengineError, MalformedMessageError, StreamingError
 from engine.model import ReturnCode, Shareable
 from engine.runtime.payload import payload_bytes
 from engine.runtime.stalls import STALLED_AFTER
@@ -67,14 +67,16 @@ class ResultIntake:
             service = self.endpoint.service
             skipped: set[str] = set()
             task_id = str(message.header.get("task_id", ""))
-            if not service.wait_finished(offers, min(idle_s, self._fold_wait_s), self.abort_signal):
+            if self.workers:  # virtual clients pull in turns: waiting for one whose turn is later would stall
+                service.wait_pulls_finished(offers, idle_s, self.abort_signal)
+            elif not service.wait_finished(offers, min(idle_s, self._fold_wait_s), self.abort_signal):
                 unpulled = service.never_pulled(offers)
                 skipped = unpulled if unpulled and self.queue.can_do_without(task_id, unpulled) else set()
                 for site in skipped:
                     log.warning("task data not pulled site=%s waited_s=%g: not waited for", site, self._fold_wait_s)
                     service.drop_receiver(offers, site)
                 service.wait_finished(offers, idle_s, self.abort_signal)
-            for site in self._stalls.judged(offers, self.clients, skipped):
+            for site in self._stalls.judged(offers, self.clients, skipped) if not self.workers else ():
                 self.report("site_stalled", site=site, tasks_in_a_row=STALLED_AFTER)
         slot = self._memory_slot if not self.endpoint.receives_to_disk else None
         if receiver is None:
@@ -137,11 +139,15 @@ class ResultIntake:
                 message.frames, sender=site, max_bytes=limit, what=what, fold=folding, held=held if folding else None
             )
             if not isinstance(result, Shareable):
-                raise TypeError(f"expected a Shareable, got {type(result).__name__}")
+                raise MalformedMessageError(f"expected a Shareable, got {type(result).__name__}")
             result = self._result_filters.apply(task_name, result, site)
         except Exception as e:  # download failed, bad payload or a filter refused it: answered, never raised
-            reason = f"result of {site} for task {task_name!r} refused: {e}"
-            log.warning("%s", reason)
+            if isinstance(e, FlengineError):  # the site's or the network's doing
+                reason = f"result of {site} for task {task_name!r} refused: {e}"
+                log.warning("%s", reason)
+            else:  # not the site's doing: a bug on the server, e.g. in a check of the workflow (which records it)
+                reason = f"result of {site} for task {task_name!r} failed on the server: {type(e).__name__}: {e}"
+                log.error("%s", reason, exc_info=True)
             cleanup_lazy_refs(result)
             for sink in sinks:
                 sink.fail(reason)

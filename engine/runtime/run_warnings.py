@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from engine.config import Job
 from engine.config.build import is_engine_component, resolve_dotted_path
+from engine.config.signature import accepted_args
 from engine.errors import DottedPathError
 
 
@@ -47,8 +47,9 @@ def _num_clients(entry: Any) -> int | None:
     if not isinstance(path, str) or not is_engine_component(path):
         return None  # the job's own class: not imported here
     try:
-        parameter = inspect.signature(resolve_dotted_path(path)).parameters.get("num_clients")
-    except (DottedPathError, TypeError, ValueError):
+        accepted = accepted_args(resolve_dotted_path(path))  # FedOpt's num_clients is FedAvg's, through **kwargs
+    except DottedPathError:
         return None
+    parameter = accepted.parameters.get("num_clients") if accepted is not None else None
     default = parameter.default if parameter is not None else None
     return default if isinstance(default, int) and not isinstance(default, bool) else None

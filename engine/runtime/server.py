@@ -9,12 +9,12 @@ heartbeating into CLIENT_DEAD. The workflows run one after the other in the call
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +42,11 @@ from engine.runtime.payload import payload_bytes
 from engine.runtime.process import EVENTS_FILE
 from engine.runtime.repeats import RepeatedRequests
 from engine.runtime.result_intake import ResultIntake
+from engine.runtime.site_deaths import SiteDeaths
 from engine.runtime.stalls import DEFAULT_FOLD_WAIT_S, StallWatch
 from engine.runtime.states import JobState
 from engine.runtime.transfer_progress import DownloadProgress
+from engine.runtime.worker_host import WorkerHost
 from engine.runtime.workflow_progress import CHECKPOINT_FOLDER, PROGRESS_FILE, WorkflowProgress, earlier_rounds
 from engine.site import SiteEndpoint, SiteSettings
 
@@ -58,7 +60,7 @@ END_RUN_GRACE_S = 15.0
 CLIENTS_READY_TIMEOUT_S = 120.0
 
 
-class ServerJob(ResultIntake):
+class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
     """Runs the server app of ``job`` for ``clients``.
 
     Args:
@@ -70,6 +72,8 @@ class ServerJob(ResultIntake):
         report: Progress sink, ``report(event, **fields)``.
         resume: The job ran before and its server stopped: workflows that completed are not run
             again, the one that was running resumes from its checkpoint (`WorkflowProgress`).
+        workers: A simulation's virtual clients: worker -> the clients it runs (`WorkerHost`);
+            each worker's key may register its clients' cells. Empty: every client is its own process.
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class ServerJob(ResultIntake):
         job_id: str,
         report: Any = None,
         resume: bool = False,
+        workers: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         app = job.app_for("server")
         if app is None or app.server is None:
@@ -100,6 +105,8 @@ class ServerJob(ResultIntake):
         self._report = report or (lambda event, **fields: None)
         self._lock = threading.Lock()
         self._seen: set[str] = set()
+        self.workers = {worker: list(names) for worker, names in (workers or {}).items()}
+        self._seen_workers: set[str] = set()
         self.liveness = SiteLiveness(clients)
         self._told_end: set[str] = set()
         self._task_frames: dict[int, tuple[Any, list[Any]]] = {}
@@ -152,7 +159,10 @@ class ServerJob(ResultIntake):
         self.endpoint = SiteEndpoint.for_site(self.site, settings, workspace=self.workspace)
         allowlist = self.endpoint.cell.allowlist
         revoked = self.liveness.revoked()  # told before the job listened
-        if allowlist is not None:  # the job's port lets in the job's own sites only, none revoked
+        if allowlist is not None and self.workers:  # virtual clients: their workers' keys speak for them
+            allowlist.keep_only(set(self.workers))
+            allowlist.delegate({worker: set(names) - revoked for worker, names in self.workers.items()})
+        elif allowlist is not None:  # the job's port lets in the job's own sites only, none revoked
             allowlist.keep_only({client.split(".", 1)[0] for client in self.clients} - revoked)
         self.endpoint.start()
         self.cell = self.endpoint.cell
@@ -168,6 +178,8 @@ class ServerJob(ResultIntake):
         self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, repeats.get_task(self._on_get_task))
         self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_SUBMIT, repeats.submit(self._on_submit))
         self.cell.register_handler(CCWF_CHANNEL, TOPIC_STATUS, self._on_status)
+        if self.workers:
+            self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_WORK, self._on_get_work)
         self.cell.register_handler(protocol.METRICS_CHANNEL, protocol.TOPIC_METRIC, self._on_metric)
         monitor = threading.Thread(target=self._monitor, name="server-monitor", daemon=True)
         monitor.start()
@@ -201,58 +213,6 @@ class ServerJob(ResultIntake):
             self.endpoint.close()
             self._metrics.close()  # after the cell: no handler writes a metric any more
         return outcome
-
-    def client_exited(self, site: str, code: int | None = None) -> None:
-        """``site``'s job process ended (its parent saw it): it is dead at once, not after the heartbeat timeout.
-
-        Called by the runtime's parent (the simulator's launcher, the server daemon) from any thread.
-        """
-        if not self.liveness.is_client(site):
-            log.warning("exit notice ignored: %r is not a client of this job", site)
-            return
-        reason = "its process exited" if code is None else f"its process exited with code {code}"
-        self._mark_dead(site, reason)
-
-    def site_revoked(self, site: str) -> None:
-        """``site``'s key left the project's allowlist: the job's port refuses it from now on, and it is dead.
-
-        Called by the server daemon (on the job process's stdin) when a reloaded kit removes the site.
-        """
-        if not self.liveness.is_client(site):
-            log.warning("revocation notice ignored: %r is not a client of this job", site)
-            return
-        self.liveness.revoke(site)  # `run` leaves it out of the job's allowlist if it has not built it yet
-        endpoint = getattr(self, "endpoint", None)
-        allowlist = endpoint.cell.allowlist if endpoint is not None else None
-        if allowlist is not None:
-            allowlist.keep_only(set(allowlist.identities()) - {site})
-        self._mark_dead(site, "revoked: its key left the server's allowlist")
-
-    def _gone(self, target: str) -> str | None:
-        """Why ``target`` (a cell of a site) is dead, or None."""
-        return self.liveness.dead().get(target.split(".", 1)[0])
-
-    def _mark_dead(self, site: str, reason: str, unregister: bool = True) -> None:
-        """``site`` is dead: its open tasks end CLIENT_DEAD and workflows leave it out (a no-op once it is).
-
-        With ``unregister`` (its process ended, or it was revoked: the cell does not know yet) the
-        cell forgets it at once, so requests waiting for its replies fail now, not at the timeout.
-        """
-        with self._lock:
-            if site in self._told_end:  # it heard END_RUN and left: no death
-                return
-        if self.liveness.mark_dead(site, reason):
-            log.warning("client dead site=%s reason=%s", site, reason)
-            self.report("client_dead", site=site, reason=reason)
-            cell = getattr(self, "cell", None)
-            if cell is not None and unregister:
-                with contextlib.suppress(CellError):  # requests waiting for it fail now, not at the timeout
-                    cell.forget_peer(site, f"{site} is dead: {reason}")
-            with self._lock:  # nobody waits for a dead site to finish pulling its task's model
-                refs = [ref for offers in self._offers_of_task.values() for ref in offers]
-            endpoint = getattr(self, "endpoint", None)
-            if refs and endpoint is not None and endpoint.service is not None:
-                endpoint.service.drop_receiver(refs, site)
 
     def abort(self, reason: str = "aborted") -> None:
         """Stop the job: the running workflow sees its abort signal."""
@@ -332,8 +292,8 @@ class ServerJob(ResultIntake):
 
     def _tell_task_ready(self, targets: list[str]) -> None:
         """Tell the connected targets of a new task to ask for it now (saves up to ``retry_s``)."""
-        connected = set(self.cell.peers())
-        for site in targets:
+        connected = {peer.split(".", 1)[0] for peer in self.cell.peers()}
+        for site in self._told_targets(targets, connected) if self.workers else targets:
             if site in connected:
                 try:
                     self.cell.send(site, protocol.TASK_CHANNEL, protocol.TOPIC_TASK_READY)
@@ -453,6 +413,7 @@ class ServerJob(ResultIntake):
             try:
                 self.queue.check()
                 connected = {peer.split(".", 1)[0] for peer in self.cell.peers()}
+                connected |= self._stand_ins(connected)  # a virtual client's worker stands for it
                 with self._lock:  # a client that heard END_RUN leaves; that is not a death
                     gone = self._seen - set(self.liveness.dead()) - self._told_end - connected
                     sent = list(self._sent_bytes.items())

@@ -1,8 +1,10 @@
 """The simulator behind ``flengine run``: a server process and N client processes on this machine.
 
 It has the server and ``site-1`` .. ``site-N`` forked at once by one launcher process that
-imported torch once (`engine.runtime.launcher`), gives the clients the server's endpoint when it
-listens, shows the server's progress events as they come, and stops everything on success, on
+imported torch once (`engine.runtime.launcher`), or, with ``workers`` (``-t W``), the server and
+W worker processes that run the N clients as virtual clients (`engine.runtime.worker`; a worker
+that dies is started again, `MAX_WORKER_RESTARTS` times), gives the clients the server's
+endpoint when it listens, shows the server's progress events as they come, and stops everything on success, on
 failure and on Ctrl-C. At the end it writes ``<workspace>/summary.json`` (states, rounds,
 per-process peak RSS, the time of each stage of the run: `engine.runtime.timings`) and prints a
 summary table (with ``-v``, the stage times too).
@@ -10,7 +12,6 @@ summary table (with ``-v``, the stage times too).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -26,36 +27,44 @@ from pathlib import Path
 from typing import IO, Any
 
 from engine.config import Job, load_job
-from engine.errors import UsageError
+from engine.errors import FlengineError, UsageError
 from engine.runtime.follow import LOG_LINE_EVENT, FileFollower, follow_run
 from engine.runtime.launcher import LAUNCHER_ERRORS_FILE, LaunchedProcess, Launcher, command_line_room
 from engine.runtime.live import LiveConsole, make_printer
 from engine.runtime.process import LOG_FILE
 from engine.runtime.progress import summary_table
+from engine.runtime.run_setup import (
+    ERROR_LINE_CHARS,
+    ERROR_TAIL_LINES,
+    RunRecord,
+    client_names,
+    error_tail,
+    insecure_run,
+    prepare_workspace,
+    report_hint,
+    worker_plan,
+)
+from engine.runtime.run_setup import RUN_FILE as RUN_FILE  # where run.json is named, for callers
 from engine.runtime.run_warnings import run_warnings
 from engine.runtime.states import JobState
 from engine.runtime.summary import SUMMARY_FILE as SUMMARY_FILE  # where summary.json is named, for callers
 from engine.runtime.summary import client_ready_times, server_result, write_summary
 from engine.runtime.timings import RunTimings, timing_lines
+from engine.runtime.workers import WorkerPlan
 from engine.security import write_site_key_folders
-from engine.site import INSECURE_WARNING, insecure_requested
+from engine.site import INSECURE_WARNING
 from engine.text import printable
 
 log = logging.getLogger(__name__)
 
 #: The run's throw-away keys, under its workspace; removed when the run ends.
 KEYS_FOLDER = "keys"
-#: What ``flengine run --resume`` needs of a run (job folder, clients, job id, allowed folders), in its workspace.
-RUN_FILE = "run.json"
 #: Seconds to wait for the server to report its endpoint.
 STARTUP_TIMEOUT_S = 60.0
 #: Seconds processes get to exit by themselves before they are terminated, then killed.
 STOP_GRACE_S = 20.0
-#: Lines of a process's stderr.txt shown when it exits early, and the most bytes read for them.
-ERROR_TAIL_LINES = 5
-ERROR_TAIL_BYTES = 16384
-#: The longest stderr line kept in a reason (a traceback line can be long).
-ERROR_LINE_CHARS = 300
+#: Times a worker of virtual clients that died is started again before the run does without it.
+MAX_WORKER_RESTARTS = 3
 
 
 @dataclass
@@ -91,23 +100,17 @@ def resume_simulation(
         ConfigError: The job folder no longer validates.
     """
     folder = Path(workspace).resolve()
-    try:
-        record = json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))
-        job_dir, clients = Path(record["job"]), [str(site) for site in record["clients"]]
-        allowed = [Path(p) for p in record.get("allowed_dirs") or []]
-        job_id = str(record["job_id"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UsageError(
-            f"--resume {workspace}: not the workspace of a flengine run ({RUN_FILE} unreadable: {e})"
-        ) from e
+    record = RunRecord.read(folder)
+    clients, allowed = record.clients, record.allowed_dirs
     previous, _ = server_result(folder)
     if previous is JobState.FINISHED_COMPLETED:
         raise UsageError(f"--resume {workspace}: that run completed; nothing to resume")
-    paths = [str(job_dir), str(folder), *map(str, allowed)]
-    launcher = Launcher(paths[0], command_line_room(paths, len(clients)))
+    paths = [str(record.job), str(folder), *map(str, allowed)]
+    launcher = Launcher(paths[0], command_line_room(paths, 0 if record.workers else len(clients)))
     try:
-        job = load_job(job_dir)
-        insecure = _insecure(job, ["server", *clients])
+        job = load_job(record.job)
+        plan = worker_plan(job, clients, record.workers)
+        insecure = insecure_run(job, ["server", *clients])
         warnings = run_warnings(job, clients)
         for stale in (folder / "server" / "result.json", folder / SUMMARY_FILE):
             stale.unlink(missing_ok=True)  # the killed run's: this run writes its own
@@ -115,7 +118,8 @@ def resume_simulation(
     except BaseException:
         launcher.close()
         raise
-    run = _Run(job, clients, folder, job_id, out or sys.stdout, verbose, insecure, allowed, live, resume=True)
+    out = out or sys.stdout
+    run = _Run(job, clients, folder, record.job_id, out, verbose, insecure, allowed, live, resume=True, plan=plan)
     run.launcher, run.warnings = launcher, warnings
     return run.execute()
 
@@ -128,8 +132,10 @@ def run_simulation(
     verbose: bool = False,
     allowed_dirs: Sequence[str | os.PathLike[str]] = (),
     live: bool | None = None,
+    workers: int | None = None,
+    backend: Any = None,
 ) -> SimulationResult:
-    """Run a job with a server and ``n_clients`` client processes; return how it ended.
+    """Run a job with a server and ``n_clients`` client processes (or virtual clients); return how it ended.
 
     Args:
         job_dir: The job folder (validated first; a bad job raises `ConfigError`).
@@ -146,99 +152,30 @@ def run_simulation(
         live: The live display (a status line per site, a bar per download) above the lines of
             each round: None (default) where ``out`` is a terminal and rich is installed; False
             for the plain lines (one per round), as in a pipe (``--quiet``).
+        workers: Run the clients as virtual clients on this many worker processes (``-t``), one
+            client's task at a time per worker; None: one process per client.
+        backend: Where the workers run with ``workers``: None for processes of this machine, or
+            a `engine.runtime.ray_backend.RayWorkers` (``--backend ray``).
     """
     timings = RunTimings()
     out = out or sys.stdout
     allowed = [Path(folder).resolve() for folder in allowed_dirs]  # the processes run elsewhere
     # The launcher imports torch while this process validates the job (which imports its classes too).
     paths = [str(Path(job_dir).resolve()), str(Path(workspace or "workspace").resolve()), *map(str, allowed)]
-    launcher = Launcher(paths[0], command_line_room(paths, n_clients or 0))
+    launcher = Launcher(paths[0], command_line_room(paths, 0 if workers else n_clients or 0))
     try:
         job = load_job(job_dir)
-        clients = _client_names(job, n_clients)
-        insecure = _insecure(job, ["server", *clients])
+        clients = client_names(job, n_clients)
+        plan = worker_plan(job, clients, workers)
+        insecure = insecure_run(job, ["server", *clients])
         warnings = run_warnings(job, clients)
-        folder = _prepare_workspace(job, workspace)
+        folder = prepare_workspace(job, workspace)
     except BaseException:
         launcher.close()
         raise
-    run = _Run(job, clients, folder, folder.name, out, verbose, insecure, allowed, live)
+    run = _Run(job, clients, folder, folder.name, out, verbose, insecure, allowed, live, plan=plan, backend=backend)
     run.launcher, run.timings, run.warnings = launcher, timings, warnings
     return run.execute()
-
-
-def report_hint(folder: Path) -> str:
-    """The line that says how to get the run's HTML report (drawing it takes about a second: not done here)."""
-    command = f"flengine report {folder}"
-    if importlib.util.find_spec("matplotlib") is None:
-        return f"report: pip install flengine[report], then {command}"
-    return f"report: {command}"
-
-
-def error_tail(file: Path, lines: int = ERROR_TAIL_LINES) -> list[str]:
-    """The last non-empty ``lines`` of a process's ``stderr.txt``, each made `printable` and cut short.
-
-    At most `ERROR_TAIL_BYTES` are read from the end; a missing file gives no lines.
-    """
-    try:
-        with file.open("rb") as stream:
-            stream.seek(max(stream.seek(0, os.SEEK_END) - ERROR_TAIL_BYTES, 0))
-            text = stream.read().decode("utf-8", errors="replace")
-    except OSError:
-        return []
-    kept = [line.rstrip() for line in text.splitlines() if line.strip()]
-    return [printable(line, ERROR_LINE_CHARS) for line in kept[-lines:]]
-
-
-def _insecure(job: Job, sites: list[str]) -> bool:
-    """Whether the job turns CURVE off (``cell.insecure = true``); every config must agree."""
-    choices: dict[bool, str] = {}
-    for site in sites:
-        app = job.app_for(site)
-        document = None if app is None else (app.server if site == "server" else app.client)
-        if document is not None:
-            choices.setdefault(insecure_requested(document.data), document.display)
-    if len(choices) > 1:
-        raise UsageError(
-            f"{choices[True]}: cell.insecure = true, but {choices[False]} keeps CURVE on; a server and its "
-            "clients must agree: set it in every config of the job, or in none"
-        )
-    return True in choices
-
-
-def _client_names(job: Job, n_clients: int | None) -> list[str]:
-    n = job.min_clients if n_clients is None else n_clients
-    if n < 1:
-        raise UsageError(f"-n: expected at least 1 client, got {n}")
-    if n < job.min_clients:
-        raise UsageError(f"-n {n}: the job needs at least min_clients = {job.min_clients} clients (meta)")
-    names = [f"site-{i}" for i in range(1, n + 1)]
-    for site in ["server", *names]:
-        app = job.app_for(site)
-        config = None if app is None else (app.server if site == "server" else app.client)
-        if config is None:
-            raise UsageError(f"{job.folder}: deploy_map gives {site} no app with a config_fed_{_side(site)}")
-    return names
-
-
-def _side(site: str) -> str:
-    return "server" if site == "server" else "client"
-
-
-def _prepare_workspace(job: Job, workspace: str | os.PathLike[str] | None) -> Path:
-    if workspace is None:
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        folder = Path("workspace") / f"{job.name}-{stamp}"
-        suffix = 1
-        while folder.exists():
-            suffix += 1
-            folder = Path("workspace") / f"{job.name}-{stamp}-{suffix}"
-    else:
-        folder = Path(workspace)
-        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-            raise UsageError(f"--workspace {folder}: not an empty folder; choose a new one or empty it")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder.resolve()
 
 
 class _Run:
@@ -256,9 +193,17 @@ class _Run:
         allowed_dirs: list[Path],
         live: bool | None = None,
         resume: bool = False,
+        plan: WorkerPlan | None = None,
+        backend: Any = None,
     ) -> None:
         self.job = job
         self.resume = resume
+        self.plan = plan
+        self.backend = backend
+        #: The client processes: the clients, or the workers that run them as virtual clients.
+        self.runners = list(plan.workers) if plan is not None else clients
+        self.restarts: dict[str, int] = {}
+        self.endpoint = ""
         self.insecure = insecure
         self.allowed_dirs = allowed_dirs
         self.keys: dict[str, Path] = {}
@@ -272,7 +217,7 @@ class _Run:
         self.launcher: Launcher | None = None
         self.timings = RunTimings()
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self.printer = make_printer(out, clients, live)
+        self.printer = make_printer(out, self.runners, live)
         self.follower: FileFollower | None = None
         self.started = time.monotonic()
         #: Said before the run starts and kept in summary.json (`run_warnings`).
@@ -282,7 +227,8 @@ class _Run:
     def execute(self) -> SimulationResult:
         self._enter(JobState.SUBMITTED)
         again = " (resumed from its last completed round)" if self.resume else ""
-        self.printer.line(f"job {self.job.name}: {len(self.clients)} clients, workspace {self.folder}{again}")
+        on = f" on {len(self.runners)} workers" if self.plan is not None else ""
+        self.printer.line(f"job {self.job.name}: {len(self.clients)} clients{on}, workspace {self.folder}{again}")
         self._record_run()
         if self.insecure:
             self.printer.line(INSECURE_WARNING)
@@ -294,7 +240,7 @@ class _Run:
         try:
             if not self.insecure:  # removed in the finally below, whatever happens
                 (self.folder / KEYS_FOLDER).mkdir(mode=0o700)
-                self.keys = write_site_key_folders(self.folder / KEYS_FOLDER, "server", self.clients)
+                self.keys = write_site_key_folders(self.folder / KEYS_FOLDER, "server", self.runners)
             state, reason = self._supervise()
         except _ServerFailed as e:
             state, reason = JobState.FINISHED_EXECUTION_EXCEPTION, str(e)
@@ -328,24 +274,23 @@ class _Run:
         return SimulationResult(state, self.folder, summary)
 
     def _record_run(self) -> None:
-        """Write what a later ``flengine run --resume`` needs (`RUN_FILE`)."""
-        record = {
-            "job": str(self.job.folder.resolve()),
-            "clients": self.clients,
-            "job_id": self.job_id,
-            "allowed_dirs": [str(folder) for folder in self.allowed_dirs],
-        }
-        (self.folder / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        """Write what a later ``flengine run --resume`` needs (`RunRecord`)."""
+        workers = len(self.runners) if self.plan is not None else None
+        RunRecord(self.job.folder.resolve(), self.clients, self.job_id, self.allowed_dirs, workers).write(self.folder)
 
     def _enter(self, state: JobState) -> None:
         self.states.append({"state": state.value, "time": datetime.now().isoformat(timespec="seconds")})
 
     def _supervise(self) -> tuple[JobState, str]:
-        server_extra = ["--clients", ",".join(self.clients), "--exit-notices", *(["--resume"] if self.resume else [])]
-        commands = {"server": self._arguments("server", server_extra)}
         # The clients know the job's sites: a script's shard is its site's place in that list.
-        client_extra = ["--connect", "-", "--clients", ",".join(self.clients)]
-        commands.update({site: self._arguments(site, client_extra) for site in self.clients})
+        if self.plan is not None:  # 10,000 names go in a file, not on command lines
+            sites = ["--sites", str(self.plan.write(self.folder))]
+        else:
+            sites = ["--clients", ",".join(self.clients)]
+        server_extra = [*sites, "--exit-notices", *(["--resume"] if self.resume else [])]
+        commands = {"server": self._arguments("server", server_extra)}
+        if self.backend is None:
+            commands.update({site: self._arguments(site, ["--connect", "-", *sites]) for site in self.runners})
         assert self.launcher is not None
         for site, argv in commands.items():  # all at once: the clients build their executors meanwhile
             (self.folder / site).mkdir(parents=True, exist_ok=True)
@@ -360,7 +305,15 @@ class _Run:
             self.processes[site] = process
         server = self.processes["server"]
         threading.Thread(target=self._read_events, args=(server.stdout,), daemon=True).start()
-        self.launcher.send_endpoint(self._wait_endpoint())
+        self.endpoint = self._wait_endpoint()
+        self.launcher.send_endpoint(self.endpoint)
+        if self.backend is not None:  # Ray actors: started once the server listens, told where
+            self.backend.open(len(self.runners), self.job.meta.data.get("resource_spec", {}))
+            for site in self.runners:
+                (self.folder / site).mkdir(parents=True, exist_ok=True)
+                self.processes[site] = self.backend.start(
+                    site, self._arguments(site, ["--connect", self.endpoint, *sites])
+                )
         self._enter(JobState.RUNNING)
         self._start_following()
         while True:
@@ -385,7 +338,7 @@ class _Run:
     def _start_following(self) -> None:
         """Follow each client's events (for the live display) and, with ``-v``, every process's log."""
         self.follower = follow_run(
-            self.folder, self.clients, self.events.put, events=isinstance(self.printer, LiveConsole), logs=self.verbose
+            self.folder, self.runners, self.events.put, events=isinstance(self.printer, LiveConsole), logs=self.verbose
         )
 
     def _stop_following(self) -> None:
@@ -411,9 +364,13 @@ class _Run:
         Raises:
             _ClientFailed: A client exited with an error before the first workflow started.
         """
-        for site in self.clients:
+        for site in self.runners:
             code = self.processes[site].poll()
             if code in (None, 0) or self.printer.noted(site):
+                continue
+            if self.backend is not None and self.launcher is not None:  # the launcher tells of its own children only
+                self.launcher.tell_exit(site, code)
+            if self.plan is not None and self._workflows_started and self._restart_worker(site, code):
                 continue
             self.printer.show({"event": "process_exited", "site": site, "code": code})
             errors = self.folder / site / "stderr.txt"
@@ -427,6 +384,22 @@ class _Run:
                 last = f": {' | '.join(tail)}" if tail else " (nothing on its stderr)"
                 reason = f"the {site} process exited (code {code}) before the job started{last}; see {errors}"
                 raise _ClientFailed(reason)
+
+    def _restart_worker(self, site: str, code: int) -> bool:
+        """Start a worker that died again (its clients' tasks fail as a client's death would); False past the limit."""
+        done = self.restarts.get(site, 0)
+        if done >= MAX_WORKER_RESTARTS:
+            return False
+        self.restarts[site] = done + 1
+        self.printer.line(f"{site} exited with code {code}; starting it again ({done + 1} of {MAX_WORKER_RESTARTS})")
+        sites = ["--sites", str(self.folder / "sites.json")]
+        argv = self._arguments(site, ["--connect", self.endpoint, *sites])
+        if self.backend is not None:
+            self.processes[site] = self.backend.start(site, argv)
+        else:
+            assert self.launcher is not None
+            self.processes[site] = self.launcher.start(site, argv, self.folder / site, capture=False)
+        return True
 
     def _wait_endpoint(self) -> str:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -444,7 +417,7 @@ class _Run:
 
     def _arguments(self, site: str, extra: list[str]) -> list[str]:
         """The arguments of ``python -m engine.runtime.entry`` for ``site`` (its parent: the launcher)."""
-        role = "server" if site == "server" else "client"
+        role = "server" if site == "server" else "worker" if self.plan is not None else "client"
         return [  # the role and the site first: they fit in ps whatever the paths (`command_line_room`)
             role, "--site", site, "--job", str(self.job.folder.resolve()), "--workspace", str(self.folder),
             "--job-id", self.job_id,
@@ -472,6 +445,8 @@ class _Run:
         clients get the time to hear END_RUN. Clients still waiting for the server's endpoint
         (it never listened) see their stdin close and exit.
         """
+        if self.backend is not None:  # the workers end when the server does; Ray actors are ended here
+            self.backend.stop_all(0.0 if at_once else STOP_GRACE_S)
         if self.launcher is not None:
             self.launcher.stop_all(list(self.processes) if at_once else ["server"], STOP_GRACE_S, self.folder)
             if self.launcher.ready_at is not None:
@@ -495,7 +470,7 @@ class _Run:
         )
 
     def _write_summary(self, state: JobState, reason: str) -> dict[str, Any]:
-        for site, at in client_ready_times(self.folder, self.clients).items():
+        for site, at in client_ready_times(self.folder, self.runners).items():
             self.timings.client_ready(site, at)
         self.timings.mark("summary_written")
         fields = {
@@ -506,6 +481,7 @@ class _Run:
             "reason": reason,
             "states": self.states,
             "clients": self.clients,
+            **({"workers": len(self.runners), "worker_restarts": self.restarts} if self.plan is not None else {}),
             "seconds": round(time.monotonic() - self.started, 2),
             "warnings": self.warnings,
             "timings": self.timings.to_summary(),
@@ -513,9 +489,9 @@ class _Run:
         return write_summary(self.folder, fields, {site: p.returncode for site, p in self.processes.items()})
 
 
-class _ServerFailed(Exception):
+class _ServerFailed(FlengineError):
     pass
 
 
-class _ClientFailed(Exception):
+class _ClientFailed(FlengineError):
     """A client process exited with an error before the job started; the message is the run's reason."""

@@ -5,13 +5,16 @@ deaths and returns of sites), each
 process its figures to ``<site>/process.json`` (peak RSS), each client its events to
 ``<site>/events.jsonl`` (``client_ready``: when it had built its executors), and a cross-site
 evaluation workflow its matrix to ``server/cross_site_val.json``. The simulator adds what it saw
-itself: states, warnings, exit codes and the time of each stage (`engine.runtime.timings`).
+itself: states, warnings, exit codes and the time of each stage (`engine.runtime.timings`); the
+server daemon of a deployed project what its job store knows (`engine.deploy.job_summary`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +54,21 @@ def client_ready_times(workspace: Path, clients: list[str]) -> dict[str, float]:
     return times
 
 
-def write_summary(workspace: Path, fields: dict[str, Any], exit_codes: dict[str, int | None]) -> dict[str, Any]:
-    """Write ``summary.json``: ``fields`` (the simulator's), then the rounds, processes and matrix the files hold.
+def write_summary(
+    workspace: Path, fields: dict[str, Any], exit_codes: dict[str, int | None], server: str = "server"
+) -> dict[str, Any]:
+    """Write ``summary.json``: ``fields`` (the caller's), then the rounds, processes and matrix the files hold.
+
+    The simulator calls it at the end of a run; the server daemon of a deployed project for each
+    job it hands out (`engine.deploy.job_summary`). The file is replaced whole (a temporary file
+    renamed), so a reader never sees half of it.
 
     Args:
         workspace: The run's workspace.
-        fields: What the simulator knows (job, status, states, ``warnings``, ``timings`` ...), in
+        fields: What the caller knows (job, status, states, ``warnings``, ``timings`` ...), in
             the order they are written; the server's warnings are appended to ``warnings``.
-        exit_codes: Each process's exit code (None: it did not exit).
+        exit_codes: Each process's exit code (None: it did not exit, or it is not known).
+        server: The name of the server process's folder in ``workspace`` (its site name).
 
     Returns:
         The summary as written.
@@ -67,7 +77,7 @@ def write_summary(workspace: Path, fields: dict[str, Any], exit_codes: dict[str,
     server_warnings: list[str] = []
     site_events: list[dict[str, Any]] = []
     try:
-        record = json.loads((workspace / "server" / RESULT_FILE).read_text(encoding="utf-8"))
+        record = json.loads((workspace / server / RESULT_FILE).read_text(encoding="utf-8"))
         rounds = record.get("rounds", [])
         server_warnings = [str(line) for line in record.get("warnings") or []]
         site_events = [event for event in record.get("site_events") or [] if isinstance(event, dict)]
@@ -94,11 +104,17 @@ def write_summary(workspace: Path, fields: dict[str, Any], exit_codes: dict[str,
         summary["site_events"] = site_events
     if timings is not None:
         summary["timings"] = timings
-    matrix_file = workspace / "server" / CROSS_SITE_FILE
+    matrix_file = workspace / server / CROSS_SITE_FILE
     if matrix_file.is_file():
         try:
             summary["cross_site_val"] = json.loads(matrix_file.read_text(encoding="utf-8"))
         except ValueError:
             log.warning("unreadable cross-site evaluation file: %s", matrix_file)
-    (workspace / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    path = workspace / SUMMARY_FILE
+    temporary = path.with_name(f".{SUMMARY_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        temporary.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
     return summary

@@ -59,6 +59,9 @@ class SiteSettings:
             (``download_to_disk_dir``, ``source_ckpt_file_full_name``); none by default, so a
             job stays in its workspace and its job folder. The site decides, never a job
             (``flengine run --allow-dir DIR``).
+        key_name: Whose key pair in ``keys_dir`` the site's cells use, when not its own: a
+            virtual client of a simulation uses its worker's (``worker-1``), which the server's
+            allowlist lets speak for it (`engine.cells.security.Allowlist.delegate`).
     """
 
     name: str
@@ -66,6 +69,7 @@ class SiteSettings:
     keys_dir: Path | None = None
     insecure: bool = False
     allowed_dirs: tuple[Path, ...] = ()
+    key_name: str | None = None
 
     def __post_init__(self) -> None:
         if self.keys_dir is None and not self.insecure:
@@ -86,11 +90,11 @@ class SiteSettings:
         if self.insecure:
             return None
         assert self.keys_dir is not None
-        return load_cell_security(self.keys_dir, self.name, server)
+        return load_cell_security(self.keys_dir, self.key_name or self.name, server)
 
     def describe_refusal(self, link_error: str) -> str:
         """Say what a refused connection to the server means for this site, naming its files."""
-        own = self.keys_dir / f"{self.name}.key" if self.keys_dir else "its key"
+        own = self.keys_dir / f"{self.key_name or self.name}.key" if self.keys_dir else "its key"
         server_key = self.keys_dir / SERVER_KEY_FILE if self.keys_dir else "the server's key"
         return (
             f"{self.name}: the server did not let this site in: {link_error}; check that {server_key} is the "

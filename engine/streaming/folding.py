@@ -9,8 +9,10 @@ odd-sized one) is received whole into a pooled buffer first (`engine.fobs.tensor
 handed on as one piece once complete.
 
 The sink sees the stream's layout (names, shapes, dtypes) before the first chunk is pulled and
-can refuse it there. What the sink does with a download that fails after some pieces were handed
-on is the sink's business (the stream cannot take them back).
+can refuse it there. The sink refuses by raising `ResultRefused`, which fails the download with a
+`StreamingError` that says why; anything else it raises is a bug and goes up as it is. What the
+sink does with a download that fails after some pieces were handed on is the sink's business (the
+stream cannot take them back).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-from engine.errors import StreamingError
+from engine.errors import ResultRefused, StreamingError
 from engine.fobs.arrays import byte_view, copy_bytes
 from engine.fobs.dtypes import torch_dtype
 from engine.fobs.mapped import mapped_empty
@@ -36,16 +38,16 @@ class TensorSink(Protocol):
     """Takes the tensors of one stream as they complete."""
 
     def check_layout(self, layout: LayoutInfo) -> None:
-        """Refuse the stream (raise ValueError) before any chunk is pulled; it names every entry."""
+        """Refuse the stream (raise `ResultRefused`) before any chunk is pulled; it names every entry."""
 
     def fold_piece(self, item: str, start: int, values: torch.Tensor) -> None:
-        """Take elements ``start ..`` of the entry, flat (raise ValueError to refuse them: the download fails).
+        """Take elements ``start ..`` of the entry, flat (raise `ResultRefused` to refuse them: the download fails).
 
         Do not keep ``values``: its memory is reused for the next piece.
         """
 
     def complete(self, item: str) -> None:
-        """Every element of the entry has been handed on (raise ValueError to refuse)."""
+        """Every element of the entry has been handed on (raise `ResultRefused` to refuse)."""
 
 
 class FoldingConsumer(StreamConsumer):
@@ -73,7 +75,7 @@ class FoldingConsumer(StreamConsumer):
             sink.check_layout(
                 {entry.name: (entry.shape, dtype) for entry, dtype in zip(layout.entries, self._dtypes, strict=True)}
             )
-        except ValueError as e:
+        except ResultRefused as e:
             raise StreamingError(str(e)) from e
         self._ends = [entry.end for entry in layout.entries]
         sizes = [dtype.itemsize for dtype in self._dtypes]
@@ -149,7 +151,7 @@ class FoldingConsumer(StreamConsumer):
     def _call(self, method: Any, *args: Any) -> None:
         try:
             method(*args)
-        except ValueError as e:
+        except ResultRefused as e:
             raise StreamingError(str(e)) from e
         self.pieces += 1
 

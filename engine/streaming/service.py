@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 from engine.cells import Cell, Message, Reply, Status
-from engine.errors import StreamingError
+from engine.errors import DownloadRefused, StreamingError
 from engine.fault_points import fault_point
 from engine.streaming.downloadable import FileDownloadable, TensorDownloadable
-from engine.streaming.transactions import DownloadRefused, DownloadRegistry
+from engine.streaming.transactions import DownloadRegistry
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,12 @@ class DownloadService:
         """Wait until every receiver of the offers ``refs`` finished (see `DownloadRegistry.wait_finished`)."""
         return self.registry.wait_finished(refs, idle_limit_s, stop)
 
+    def wait_pulls_finished(
+        self, refs: Iterable[str], idle_limit_s: float, stop: threading.Event | None = None
+    ) -> bool:
+        """Wait until the receivers that began to pull ``refs`` finished (`DownloadRegistry.wait_pulls_finished`)."""
+        return self.registry.wait_pulls_finished(refs, idle_limit_s, stop)
+
     def hold(self, refs: Iterable[str]) -> None:
         """Keep serving the offers ``refs`` past their timeout, until their receivers report done or `drop`.
 
@@ -120,6 +126,10 @@ class DownloadService:
     def drop(self, refs: Iterable[str]) -> list[str]:
         """Free the offers ``refs`` now, whatever their receivers did; return the ones that were open."""
         return self.registry.drop(refs)
+
+    def open_offers(self) -> int:
+        """How many offers are served now (held ones included)."""
+        return len(self.registry)
 
     def never_pulled(self, refs: Iterable[str]) -> set[str]:
         """Receivers of the offers ``refs`` that never asked for a chunk (see `DownloadRegistry.never_pulled`)."""

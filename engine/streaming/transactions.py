@@ -16,14 +16,10 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from engine.errors import StreamingError
+from engine.errors import DownloadRefused, StreamingError
 from engine.streaming.downloadable import Downloadable
 
 log = logging.getLogger(__name__)
-
-
-class DownloadRefused(StreamingError):
-    """A chunk request the sender will not serve; the reason is sent back to the requester."""
 
 
 @dataclass
@@ -189,10 +185,29 @@ class DownloadRegistry:
             ``idle_limit_s`` seconds (its receivers are not pulling: gone, or stuck), or ``stop``
             is set.
         """
+        return self._wait(refs, idle_limit_s, stop, lambda transaction: True)
+
+    def wait_pulls_finished(
+        self, refs: Iterable[str], idle_limit_s: float, stop: threading.Event | None = None
+    ) -> bool:
+        """Wait until every receiver that has begun to pull the transactions ``refs`` has finished.
+
+        Receivers that have not asked for a chunk are not waited for (a simulation's virtual
+        clients that wait for their turn); they may still pull later. Returns as `wait_finished`.
+        """
+        return self._wait(refs, idle_limit_s, stop, lambda t: bool((t.pulled & t.receivers) - t.done))
+
+    def _wait(
+        self,
+        refs: Iterable[str],
+        idle_limit_s: float,
+        stop: threading.Event | None,
+        waits_for: Callable[[_Transaction], bool],
+    ) -> bool:
         refs = set(refs)
         with self._gone:
             while True:
-                open_ = [self._transactions[ref] for ref in refs if ref in self._transactions]
+                open_ = [t for ref in refs if (t := self._transactions.get(ref)) is not None and waits_for(t)]
                 if not open_:
                     return True
                 now = self._clock()

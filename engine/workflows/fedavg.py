@@ -18,6 +18,7 @@ from engine.aggregators import (
     check_params_match,
 )
 from engine.aggregators.folding import FoldingModelAggregator
+from engine.errors import ResultRefused
 from engine.model import FLModel, ParamsType
 from engine.workflows.round_loop import RoundLoop
 
@@ -172,11 +173,11 @@ class FedAvg(RoundLoop):
         """Refuse a result of the wrong params type, unlike the model sent, or with non-finite values.
 
         Raises:
-            ValueError: The result is refused; nothing of it reached the aggregator.
+            ResultRefused: The result is refused; nothing of it reached the aggregator.
         """
         params_type = ParamsType(result.params_type) if result.params_type is not None else ParamsType.FULL
         if params_type is not self.expected_params_type:
-            raise ValueError(
+            raise ResultRefused(
                 f"result of {client} has {params_type.value} params, this workflow expects "
                 f"{self.expected_params_type.value} (expected_params_type)"
             )

@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from engine.aggregators import DEFAULT_MAX_LOCAL_STEPS
 from engine.aggregators.blocks import BLOCK_BYTES, block_elements
 from engine.model import FLModel, ParamsType, shown_round
 from engine.workflows.fedavg import FedAvg
@@ -21,7 +20,8 @@ class FedOpt(FedAvg):
     """FedAvg, except that the new global model is one server optimizer step from the old one
     along the clients' weighted mean update (Reddi et al. 2021, "Adaptive Federated Optimization").
 
-    Takes every `FedAvg` arg, plus:
+    Takes every `FedAvg` arg by keyword (``**fedavg_args``, passed on whole: `flengine validate`
+    checks them against FedAvg's signature, see `engine.config.signature`), plus:
 
     Args:
         server_optimizer: ``sgd`` (``server_lr = 1``: FedAvg), ``momentum`` (FedAvgM),
@@ -53,51 +53,16 @@ class FedOpt(FedAvg):
 
     def __init__(
         self,
-        num_clients: int = 2,
-        num_rounds: int = 5,
-        start_round: int = 0,
-        persistor_id: str = "persistor",
-        aggregation_weights: dict[str, float] | None = None,
-        max_local_steps: float = DEFAULT_MAX_LOCAL_STEPS,
-        aggregator_id: str | None = None,
-        min_clients: int | None = None,
-        wait_time_after_min_received: float = 0.0,
-        train_timeout: float = 0.0,
-        download_to_disk: bool = False,
-        download_to_disk_dir: str | None = None,
-        expected_params_type: str = "FULL",
-        allow_non_finite: bool = False,
-        metric_ranges: dict[str, list[float]] | None = None,
-        sample_fraction: float | None = None,
-        sample_seed: int | None = None,
-        site_wait_timeout: float = 60.0,
+        *,
         server_optimizer: str = "adam",
         server_lr: float | None = None,
         momentum: float = 0.9,
         beta1: float = 0.9,
         beta2: float = 0.99,
         epsilon: float = 1e-3,
+        **fedavg_args: Any,
     ) -> None:
-        super().__init__(
-            num_clients=num_clients,
-            num_rounds=num_rounds,
-            start_round=start_round,
-            persistor_id=persistor_id,
-            aggregation_weights=aggregation_weights,
-            max_local_steps=max_local_steps,
-            aggregator_id=aggregator_id,
-            min_clients=min_clients,
-            wait_time_after_min_received=wait_time_after_min_received,
-            train_timeout=train_timeout,
-            download_to_disk=download_to_disk,
-            download_to_disk_dir=download_to_disk_dir,
-            expected_params_type=expected_params_type,
-            allow_non_finite=allow_non_finite,
-            metric_ranges=metric_ranges,
-            sample_fraction=sample_fraction,
-            sample_seed=sample_seed,
-            site_wait_timeout=site_wait_timeout,
-        )
+        super().__init__(**fedavg_args)  # checked by a config's validation against FedAvg's signature
         self.optimizer = ServerOptimizer.from_args(server_optimizer, server_lr, momentum, beta1, beta2, epsilon)
         self._state: OptimizerState | None = None
 
@@ -111,13 +76,11 @@ class FedOpt(FedAvg):
                 self._state = None
 
     def update_global(self, model: FLModel, update: FLModel, current_round: int, reference: dict[str, Any]) -> FLModel:
-        """One optimizer step from the global model the clients were sent along the mean update."""
+        """One optimizer step from the global model the clients were sent (``model.params``) along the mean update."""
         if self._state is None:
             self._state = self._new_state()
         params_type = ParamsType(update.params_type) if update.params_type is not None else ParamsType.FULL
-        params = self.optimizer.apply(
-            dict(update.params or {}), params_type, self.persistor.global_params_for_reading(), self._state
-        )
+        params = self.optimizer.apply(dict(update.params or {}), params_type, model.params or {}, self._state)
         optimizer = self.optimizer
         shown = shown_round(current_round)
         log.info("server optimizer step: round=%d optimizer=%s lr=%g", shown, optimizer.name, optimizer.lr)

@@ -8,9 +8,11 @@ from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any
 
+from engine.aggregators.refusals import record_refusal
 from engine.aggregators.weighted import release_values
-from engine.controller import ClientTask, Controller, ResultRefused, Task, TaskCompletionStatus
+from engine.controller import ClientTask, Controller, Task, TaskCompletionStatus
 from engine.controller.queue import RESULT_RECEIVER_PROP
+from engine.errors import ResultRefused
 from engine.model import (
     FLModel,
     ReservedHeaderKey,
@@ -49,6 +51,8 @@ class ModelController(Controller):
         self.failures: dict[str, str] = {}
         self.refused: dict[str, str] = {}
         self.errors: dict[str, str] = {}
+        #: Clients of the last task that died holding it (even if they are back by now).
+        self.died: set[str] = set()
 
     @abstractmethod
     def run(self) -> None:
@@ -102,7 +106,9 @@ class ModelController(Controller):
                 ``min_responses`` are in.
             min_responses: Results needed; all targets when None.
             callback: Called with each successful result as it arrives; when given, the results
-                are not kept (InTime processing) and the returned list is empty.
+                are not kept (InTime processing) and the returned list is empty. It refuses a
+                result by raising `ResultRefused`; anything else it raises is a bug in it (the
+                result fails, logged with the traceback; see `engine.aggregators.refusals`).
             release_after_send: Drop the task's reference to ``data`` once every target has
                 been sent it, so a large model is not kept in memory while the clients train
                 (the caller must hold no reference either, to free it).
@@ -110,7 +116,8 @@ class ModelController(Controller):
         Returns:
             The successful results (``meta["client_name"]`` says whose), unless a callback took them.
             Failed results are recorded in `failures` (client -> reason): those refused by a check
-            (or the callback) also in `refused`, error results (a non-OK return code) in `errors`.
+            (or the callback's `ResultRefused`) also in `refused`, error results (a non-OK return
+            code) in `errors`.
         """
         current_round, total_rounds = (data.current_round, data.total_rounds) if data else (None, None)
         handed = [shareable_from_model(data or FLModel())]
@@ -168,6 +175,7 @@ class ModelController(Controller):
         self.failures = {}
         self.refused = {}
         self.errors = {}
+        self.died = set()
 
         def refuse(client: str, reason: str) -> None:
             log.warning("result refused: site=%s round=%s reason=%s", client, shown_round(current_round), reason)
@@ -192,9 +200,12 @@ class ModelController(Controller):
                 try:
                     callback(model_or_reason, client_task.client)
                 except Exception as e:
-                    refuse(client_task.client, f"{type(e).__name__}: {e}")
+                    # The task queue logs a bug's traceback (it sees the exception raised again).
+                    record_refusal(
+                        e, client_task.client, current_round, self.failures, self.refused, with_traceback=False
+                    )
                     release_values(model_or_reason.params or {})  # its files on disk, if any
-                    raise ResultRefused(str(e)) from e
+                    raise
             else:
                 results.append(model_or_reason)
 
@@ -221,6 +232,8 @@ class ModelController(Controller):
         )
         for client_task in task.client_tasks:
             status = client_task.status
+            if status is TaskCompletionStatus.CLIENT_DEAD:
+                self.died.add(client_task.client)
             if client_task.client not in self.failures and status not in (None, TaskCompletionStatus.OK):
                 reason = client_task.reason
                 self.failures[client_task.client] = f"{status.value}: {reason}" if reason else status.value

@@ -34,30 +34,29 @@ import logging
 import random
 import time
 from abc import abstractmethod
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from engine.aggregators import ModelAggregator, ResultRules
-from engine.aggregators.folding import FoldingModelAggregator, ResultFold
+from engine.aggregators.folding import FoldingModelAggregator
+from engine.aggregators.rules import marked_from_one_site
 from engine.controller.context import DiskDownloadArea
 from engine.errors import WorkflowError
 from engine.fault_points import fault_point
 from engine.model import (
     FLModel,
     ParamsType,
-    ReservedHeaderKey,
-    ReturnCode,
     Shareable,
-    model_from_shareable,
     shareable_from_model,
 )
 from engine.paths import JobPaths
 from engine.workflows.background_save import BackgroundSave
 from engine.workflows.checkpoint import RoundCheckpoint, record_round, resume_round_loop
 from engine.workflows.downloads import check_download_dir, disk_figures, receiving_to_disk
+from engine.workflows.global_params import RoundModelParams
 from engine.workflows.model_controller import ModelController
+from engine.workflows.round_folding import FoldedResults
 from engine.workflows.round_sites import (
     MAX_ROUND_RETRIES,
     RoundTally,
@@ -69,7 +68,7 @@ from engine.workflows.round_sites import (
 log = logging.getLogger(__name__)
 
 
-class RoundLoop(ModelController):
+class RoundLoop(FoldedResults, ModelController):
     """Base of round-based server algorithms: `run` is the loop, subclasses implement the hooks.
 
     Subclasses set the loop's settings with `configure_loop` in their ``__init__`` (after
@@ -186,7 +185,11 @@ class RoundLoop(ModelController):
         return shareable_from_model_params(model, params, current_round, self.num_rounds, self.start_round)
 
     def check_result(self, result: FLModel, client: str, current_round: int, reference: dict[str, Any]) -> None:
-        """Refuse a result by raising ValueError (the site's alone; the round goes on).
+        """Refuse a result by raising `ResultRefused` (the site's alone; the round goes on).
+
+        Anything else it raises is a bug in the check, not the site's refusal: the result fails,
+        logged with the traceback, and is reported in the round's ``failed``, never ``refused``
+        (`engine.aggregators.refusals`).
 
         Args:
             result: The client's result (its metrics may be filtered in place).
@@ -211,7 +214,17 @@ class RoundLoop(ModelController):
 
     @abstractmethod
     def update_global(self, model: FLModel, update: FLModel, current_round: int, reference: dict[str, Any]) -> FLModel:
-        """The new global model from the round's ``model`` (params None if handed to the task) and the aggregate."""
+        """The new global model from the round's ``model`` and the aggregate.
+
+        Args:
+            model: The model the round started from; ``model.params`` are the weights its clients
+                were sent. When the task took them (`task_data`), they are a `RoundModelParams`
+                that reads them back from the persistor on first access (a block at a time
+                where the persistor can), so an algorithm that needs them just reads them.
+            update: The aggregate of the round's results (``aggregate_model``).
+            current_round: The round (0-based).
+            reference: Names, shapes and dtypes of the model sent (meta tensors, no memory).
+        """
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -234,6 +247,8 @@ class RoundLoop(ModelController):
         # Sites whose result was refused midway once: their results are taken whole from then on,
         # so a site cannot make the server pull every other result twice each round.
         self._whole_from: set[str] = set()
+        # The last round's metrics that one site alone reported: its model is not a best candidate by them.
+        self._from_one_site: list[str] = []
         rng = random.Random(self.sample_seed)
         checkpoint = RoundCheckpoint(self.context.checkpoint_dir) if self.context.checkpoint_dir else None
         first_round = None
@@ -250,10 +265,13 @@ class RoundLoop(ModelController):
             if tally is None or self.abort_signal.is_set():
                 return
             update = aggregator.aggregate_model()
+            if model.params is None:  # handed to the task: read back from the persistor if update_global asks
+                model.params = RoundModelParams(self.persistor.global_params_for_reading)  # type: ignore[assignment]
             model = self.update_global(model, update, current_round, tally.reference)
             del update  # its tensors are the new model's: held by `model` alone from here on
             model.current_round = current_round
             model.total_rounds = self.num_rounds
+            self._from_one_site = tally.metrics_from_one_site(len(self.get_clients()))
             self.context.report(
                 "round_done",
                 round=current_round,
@@ -265,9 +283,10 @@ class RoundLoop(ModelController):
                 failed=dict(self.failures),
                 refused=dict(self.refused),
                 **tally.site_fields(self.context.dead_reasons()),
+                **({"metrics_from_one_site": list(self._from_one_site)} if self._from_one_site else {}),
                 **disk_figures(area, current_round),
             )
-        self.save_model(model)
+        self.save_model(self._for_persistor(model))
         if checkpoint is not None and not self.abort_signal.is_set():
             record_round(self, checkpoint, end, rng.getstate(), set(self._whole_from))
 
@@ -320,7 +339,7 @@ class RoundLoop(ModelController):
             aggregator.reset_stats()
             aggregator.start_round(current_round, functools.partial(self._global_params, model))
             if saving is None:
-                saving = BackgroundSave(self.save_model, model, after_save)
+                saving = BackgroundSave(self.save_model, self._for_persistor(model), after_save)
             self._gather(aggregator, model, current_round, rng, tally, needed, saving)
             if self.abort_signal.is_set():
                 return None
@@ -350,7 +369,7 @@ class RoundLoop(ModelController):
         saving: BackgroundSave,
     ) -> None:
         """Send the round's task to ``tally.asked``, take their results; ask live replacements for sites that died."""
-        accept = functools.partial(self._accept, aggregator, tally.reference, tally.accepted, saving, current_round)
+        accept = functools.partial(self._accept, aggregator, tally, saving, current_round)
         # Results are folded chunk by chunk into the aggregator's sum as they arrive. One that
         # fails midway (its sender died, a NaN in its last tensor, a straggler cut off when
         # the round closed) taints the sum, which is then rebuilt from the other results
@@ -375,7 +394,7 @@ class RoundLoop(ModelController):
                     cancel_on_error=not self.ignore_result_error,
                     result_receiver=receiver,
                 )
-                tally.take_outcomes(self.failures, self.refused, self.errors)
+                tally.take_outcomes(self.failures, self.refused, self.errors, self.died)
                 stop_on_error = bool(self.errors) and not self.ignore_result_error
                 if len(tally.accepted) >= needed or self.abort_signal.is_set() or stop_on_error:
                     break
@@ -388,6 +407,14 @@ class RoundLoop(ModelController):
         self.failures, self.refused, self.errors = tally.failures, tally.refused, tally.errors
         if receiver is not None and aggregator.tainted() and len(tally.accepted) >= needed:
             self._rebuild(aggregator, tally.accepted, current_round)  # else the round fails below
+
+    def _for_persistor(self, model: FLModel) -> FLModel:
+        """``model`` as the persistor is given it: its meta names the metrics one site alone decided.
+
+        The persistor picks no best model by such a metric (`MetaKey.METRICS_FROM_ONE_SITE`).
+        The list goes to the persistor only, not into the model the clients are sent.
+        """
+        return marked_from_one_site(model, self._from_one_site)
 
     def _model_to_send(self, model: FLModel, saving: BackgroundSave) -> FLModel:
         """``model``, or, once its params were handed to a task, the same model read back from its checkpoint."""
@@ -402,27 +429,6 @@ class RoundLoop(ModelController):
             current_round=model.current_round,
             total_rounds=model.total_rounds,
         )
-
-    def _rebuild(self, aggregator: FoldingModelAggregator, accepted: list[str], current_round: int) -> None:
-        """Make the round's sum again without the results that failed midway; drop the ones it could not redo."""
-        tainted = aggregator.tainted()
-        started = time.monotonic()
-        left_out = aggregator.rebuild(self.abort_signal)
-        # Sites refused by the checks after part of their result was folded (a NaN in a later
-        # tensor) are received whole from then on; a site that died or was cut off is not.
-        self._whole_from.update(site for site in (*tainted, *left_out) if site in self.refused)
-        for client, why in left_out.items():
-            if client in accepted:
-                accepted.remove(client)
-            self.failures[client] = why
-        log.warning(
-            "round %d: sum rebuilt without partly folded results: failed=%s left_out=%s seconds=%.2f",
-            current_round + 1,
-            sorted(tainted),
-            sorted(left_out),
-            time.monotonic() - started,
-        )
-        self.context.report("round_rebuilt", round=current_round, failed=dict(tainted), left_out=dict(left_out))
 
     def _check_round(self, current_round: int, accepted: list[str], needed: int) -> None:
         """Raise when a client's error ends the round (``ignore_result_error`` off) or too few results are usable."""
@@ -440,91 +446,23 @@ class RoundLoop(ModelController):
     def _accept(
         self,
         aggregator: ModelAggregator,
-        reference: dict[str, Any],
-        accepted: list[str],
+        tally: RoundTally,
         saving: BackgroundSave,
         current_round: int,
         result: FLModel,
         client: str,
     ) -> None:
-        """Check one result, then fold it into the round's aggregate.
+        """Check one result, then fold it into the round's aggregate (``tally`` notes it and its metrics).
 
         Raises:
-            ValueError: The result is refused; nothing of it reached the aggregator.
+            ResultRefused: The result is refused; nothing of it reached the aggregator.
         """
         saving.join()  # its failure is the workflow's to raise, not this result's
-        self.check_result(result, client, current_round, reference)
+        self.check_result(result, client, current_round, tally.reference)
         aggregator.accept_model(result, client)
-        accepted.append(client)
+        tally.metric_names[client] = _metric_names(result)
+        tally.accepted.append(client)
         fault_point("result_aggregated")  # the fault suite's hook: a crash mid-aggregation
-
-    def _receive(
-        self,
-        aggregator: FoldingModelAggregator,
-        reference: dict[str, Any],
-        saving: BackgroundSave,
-        current_round: int,
-        header: Shareable,
-        client: str,
-    ) -> ResultFold | None:
-        """Open the fold of a result whose tensors are still to come (its header alone), or None to take it whole.
-
-        Only a FULL/DIFF model whose every param streams as a torch tensor is folded; its header
-        is checked here (weight, type, a second result), its layout when the stream announces it,
-        each tensor once complete (`check_result` on placeholders, then the values' rules). A
-        refusal is recorded as the site's (``refused``) and fails the download. A site whose
-        result was once refused midway (the sum had to be rebuilt) is received whole from then on.
-        """
-        if header.get_return_code() is not ReturnCode.OK or client in self._whole_from:
-            return None
-        result_round = header.get_header(ReservedHeaderKey.CURRENT_ROUND)
-        if result_round is not None and result_round != current_round:
-            return None  # refused on arrival, as a whole result is
-        try:
-            model = model_from_shareable(header)
-        except ValueError:
-            return None
-        params = model.params or {}
-        if not params or not all(getattr(v, "kind", None) == "tensors" for v in params.values()):
-            return None  # inline values, arrays, nothing to fold: received whole
-        items = {str(value.item): name for name, value in params.items()}
-        if len(items) != len(params):
-            return None
-        saving.join()  # the old weights are gone before results pile up (as in `_accept`)
-
-        def check_layout(placeholders: dict[str, Any]) -> None:
-            self._refusing(
-                client,
-                current_round,
-                self.check_result,
-                _with_params(model, placeholders),
-                client,
-                current_round,
-                reference,
-            )
-
-        def check_tensor(name: str, tensor: Any) -> None:
-            self._refusing(client, current_round, self.rules.check_values, {name: tensor}, client)
-
-        return self._refusing(
-            client, current_round, aggregator.open_result, model, client, items, check_layout, check_tensor
-        )
-
-    def _refusing(self, client: str, current_round: int, check: Callable[..., Any], *args: Any) -> Any:
-        """``check(*args)``; a ValueError is recorded as ``client``'s refusal (the site's alone) and raised."""
-        try:
-            return check(*args)
-        except ValueError as e:
-            reason = f"ValueError: {e}"
-            log.warning("result refused: site=%s round=%d reason=%s", client, current_round + 1, reason)
-            self.failures[client] = self.refused[client] = reason
-            raise
-
-    def _global_params(self, model: FLModel) -> dict[str, Any]:
-        """The global model the clients were sent this round: held here, else read from the persistor on demand."""
-        if model.params is not None:
-            return dict(model.params)
-        return dict(self.persistor.global_params_for_reading())
 
 
 def shareable_from_model_params(
@@ -542,15 +480,10 @@ def shareable_from_model_params(
     )
 
 
-def _with_params(model: FLModel, params: dict[str, Any]) -> FLModel:
-    """``model``'s header with ``params`` (placeholders) and no metrics (those are checked with the whole result)."""
-    return FLModel(
-        params=params,
-        params_type=model.params_type,
-        meta=dict(model.meta or {}),
-        current_round=model.current_round,
-        total_rounds=model.total_rounds,
-    )
+def _metric_names(result: FLModel) -> list[str]:
+    """The names of a checked result's metrics: its own, and a DXO's ``metrics`` meta (ScatterAndGather)."""
+    in_meta = (result.meta or {}).get("metrics")
+    return list(dict.fromkeys([*(result.metrics or {}), *(in_meta if isinstance(in_meta, dict) else {})]))
 
 
 def layout_of(params: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from engine.aggregators.rules import metrics_from_one_site
 from engine.controller.context import JobContext
 from engine.errors import WorkflowError
 
@@ -43,16 +44,30 @@ class RoundTally:
     failures: dict[str, str] = dataclasses.field(default_factory=dict)
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Sites that died holding a task of this attempt (some may be back already).
+    died: set[str] = dataclasses.field(default_factory=set)
+    #: Each accepted site -> the names of its metrics that counted (after the rules).
+    metric_names: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
-    def take_outcomes(self, failures: dict[str, str], refused: dict[str, str], errors: dict[str, str]) -> None:
-        """Add the last task's failures, refusals and errors (each task starts them anew)."""
+    def take_outcomes(
+        self, failures: dict[str, str], refused: dict[str, str], errors: dict[str, str], died: set[str] = frozenset()
+    ) -> None:
+        """Add the last task's failures, refusals, errors and deaths (each task starts them anew)."""
+        self.died.update(died)
         self.failures.update(failures)
         self.refused.update(refused)
         self.errors.update(errors)
 
+    def metrics_from_one_site(self, job_clients: int) -> list[str]:
+        """The round's metrics that one accepted site alone reported (see `metrics_from_one_site`)."""
+        counted = {site: self.metric_names.get(site, []) for site in self.accepted}
+        return metrics_from_one_site(counted, job_clients)
+
     def lost(self, dead: set[str]) -> list[str]:
-        """Sites asked this round that are dead now and gave no usable result."""
-        return [client for client in self.asked if client in dead and client not in self.accepted]
+        """Sites asked this round that are dead now, or died holding its task, and gave no usable result."""
+        return [
+            client for client in self.asked if (client in dead or client in self.died) and client not in self.accepted
+        ]
 
     def site_fields(self, dead: dict[str, str]) -> dict[str, Any]:
         """The round's ``round_done`` fields about sites: the dead ones (with why) and the replacements, when any."""

@@ -11,17 +11,13 @@ import torch
 
 from engine.aggregators import ModelAggregator, check_params_match, release_values, resolve_value
 from engine.aggregators.check import check_finite
+from engine.errors import ResultRefused
 from engine.model import FLModel, Shareable, shown_round
 from engine.model.convert import model_from_shareable
+from engine.model.scaffold_keys import C_DELTA_KEY, C_GLOBAL_KEY
 from engine.workflows.fedavg import FedAvg
 
 log = logging.getLogger(__name__)
-
-#: Meta key of the server's control variate in the task's model (``engine.client.scaffold``'s;
-#: the workflows layer does not import the client layer, a test checks that the two agree).
-C_GLOBAL_KEY = "scaffold_c_global"
-#: Meta key of a client's control variate change in its result.
-C_DELTA_KEY = "scaffold_c_delta"
 
 
 class Scaffold(FedAvg):
@@ -91,13 +87,13 @@ class Scaffold(FedAvg):
         """FedAvg's checks, then the delta's: names and layout those of ``c``, values finite.
 
         Raises:
-            ValueError: The result is refused; nothing of it reached the aggregator.
+            ResultRefused: The result is refused; nothing of it reached the aggregator.
         """
         delta = (result.meta or {}).get(C_DELTA_KEY)
         try:
             super().check_result(result, client, current_round, reference)
             if delta is None:
-                raise ValueError(
+                raise ResultRefused(
                     f"result of {client} has no {C_DELTA_KEY} meta: the training script must call "
                     "ScaffoldClient.end_round() and send the dict it returns in the result's meta "
                     "(FLModel(params=..., meta={..., **scaffold.end_round()}))"
@@ -140,16 +136,18 @@ class Scaffold(FedAvg):
 
     def _check_delta(self, delta: Any, client: str) -> None:
         if not isinstance(delta, Mapping):
-            raise ValueError(f"result of {client}: {C_DELTA_KEY} must be a dict of tensors, got {type(delta).__name__}")
+            raise ResultRefused(
+                f"result of {client}: {C_DELTA_KEY} must be a dict of tensors, got {type(delta).__name__}"
+            )
         for name, value in delta.items():
             if not (hasattr(value, "shape") and hasattr(value, "dtype")):
                 what = type(value).__name__
-                raise ValueError(f"result of {client}: {C_DELTA_KEY}[{name!r}] is not a tensor ({what})")
+                raise ResultRefused(f"result of {client}: {C_DELTA_KEY}[{name!r}] is not a tensor ({what})")
         try:
             check_params_match(self._c or {}, delta, client)
             check_finite(delta, client)
-        except ValueError as e:
-            raise ValueError(f"{C_DELTA_KEY}: {e}") from e
+        except ResultRefused as e:
+            raise ResultRefused(f"{C_DELTA_KEY}: {e}") from e
 
     def _aggregator_sums(self, update: FLModel) -> tuple[dict[str, torch.Tensor], int]:
         sums = update.meta.pop(_SUMS_KEY, None) if update.meta else None

@@ -104,7 +104,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             started.close()
 
 
-COMMANDS = st.sampled_from(["submit", "list", "status", "abort", "delete", "download", "logs", "clients", "shutdown"])
+COMMANDS = st.sampled_from(
+    ["submit", "list", "status", "watch", "abort", "delete", "download", "logs", "clients", "shutdown"]
+)
 SOURCES = st.sampled_from(["olga.a1", "alice.b2", "bob.c3", "alice", "site-1", "mallory.d4", "olga.a1.x"])
 TEXT_ARGS = st.sampled_from(["", "server", "all", "site-1", "../../etc/passwd", "a" * 12, "a" * 300, "\x1b[2J", "%s"])
 ARG_VALUES = TEXT_ARGS | EDGE_INTS | MSGPACK_VALUES
@@ -114,7 +116,9 @@ ARG_VALUES = TEXT_ARGS | EDGE_INTS | MSGPACK_VALUES
 def requests(draw: st.DrawFn, job_ids: list[str]) -> dict[str, Any]:
     """A command header: a known or unknown command, its args of any type, some extra keys."""
     header: dict[str, Any] = {"command": draw(COMMANDS | TEXT_ARGS | MSGPACK_VALUES)}
-    for key in draw(st.lists(st.sampled_from(["job_id", "ref", "size", "digest", "site", "target"]), max_size=4)):
+    for key in draw(
+        st.lists(st.sampled_from(["job_id", "ref", "size", "digest", "site", "target", "offset"]), max_size=4)
+    ):
         if key == "job_id" and draw(st.booleans()):  # by position: the store's jobs change from example to example
             header[key] = job_ids[draw(st.integers(0, 3)) % len(job_ids)]
         else:

@@ -128,7 +128,7 @@ def test_errors_before_anything_runs_give_the_error_document(
         pytest.param(["admin", "nokit", "list"], "nokit/MANIFEST.json: cannot read the kit's manifest", id="admin"),
         pytest.param(["provision", "nofile.conf", "-o", "kits"], "nofile.conf: 1 problem; nothing was written",
                      id="provision"),
-        pytest.param(["poc", "status", "-o", "nopoc"], "nopoc: not a prepared POC", id="poc"),
+        pytest.param(["poc", "status", "-d", "nopoc"], "nopoc: not a prepared POC", id="poc"),
     ],
 )  # fmt: skip
 def test_the_other_json_commands_give_the_error_document_too(

@@ -36,13 +36,13 @@ import torch
 from engine.config import ConfigDocument
 from engine.controller import TaskQueue
 from engine.controller.context import JobContext
-from engine.errors import ConfigError
+from engine.errors import ConfigError, PathOutsideError
 from engine.executors.ccwf import SwarmClientController
 from engine.executors.client_api import ClientAPIExecutor
 from engine.executors.executor import ExecutorContext
 from engine.model import FLModel, ReturnCode, Shareable, shareable_from_model
 from engine.model.ccwf import GLOBAL_MODELS_KEY
-from engine.paths import JobPaths, PathOutsideError
+from engine.paths import JobPaths
 from engine.persistors import PTFileModelPersistor
 from engine.runtime.assembly import ExecutorRoute, prepare_components, prepare_executors
 from engine.runtime.simulator import run_simulation

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.paths import JobPaths, PathOutsideError, path_inside_any
+from engine.errors import PathOutsideError
+from engine.paths import JobPaths, path_inside_any
 
 
 @pytest.fixture

@@ -96,7 +96,7 @@ def test_a_slope_above_the_goal_is_marked_in_the_table() -> None:
         ([PY, "-m", "engine", "server", "start", "/t/poc/kits/server", "--workspace", "/t/w"], "server daemon"),
         ([PY, "-m", "engine", "client", "start", "/t/poc/kits/site-1"], "site-1 daemon"),
         ([PY, "-m", "engine", "admin", "/t/poc/kits/admin", "submit", "/t/job"], None),
-        ([PY, "-m", "engine", "poc", "stop", "-o", "/t/poc"], None),
+        ([PY, "-m", "engine", "poc", "stop", "-d", "/t/poc"], None),
         ([PY, "/t/job/app/custom/train.py", "--epochs", "2"], "script train.py"),
     ],
     ids=["simulator", "launcher", "server", "site", "server-daemon", "site-daemon", "admin", "poc", "script"],

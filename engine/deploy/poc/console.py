@@ -49,24 +49,22 @@ def _q(path: Path) -> str:
 
 
 def _prepare_text(folder: Path, report: PrepareReport) -> str:
-    kits = report.provisioned.kits
-    width = max(len(kit.identity) for kit in kits)
-    lines = [f"{kit.status:<8} {kit.kind:<6} {kit.identity:<{width}}  {kit.folder}" for kit in kits]
+    lines = report.provisioned.table()
     first, last = report.ports
     lines.append(
         f"POC prepared in {folder}: project file {report.project_file} ({report.project_status}); "
         f"the server will take ports {first}..{last} on 127.0.0.1"
     )
-    lines.append(f"start it: flengine poc start -o {_q(folder)}")
+    lines.append(f"start it: flengine poc start -d {_q(folder)}")
     return "\n".join(lines)
 
 
 def _rows(report: PocReport) -> list[str]:
-    width = max(len(d.name) for d in report.daemons)
-    rows = []
+    width = max([4, *(len(d.name) for d in report.daemons)])
+    rows = [f"{'name':<{width}}  {'state':<13} {'pid':<8} detail"]
     for daemon in report.daemons:
-        pid = f"pid {daemon.pid}" if daemon.pid is not None and daemon.state != "stopped" else ""
-        rows.append(f"{daemon.name:<{width}}  {daemon.state:<13} {pid:<11} {_detail(report, daemon)}".rstrip())
+        pid = str(daemon.pid) if daemon.pid is not None and daemon.state != "stopped" else "-"
+        rows.append(f"{daemon.name:<{width}}  {daemon.state:<13} {pid:<8} {_detail(report, daemon)}".rstrip())
     return rows
 
 
@@ -93,8 +91,8 @@ def _start_text(report: PocReport) -> str:
     lines += [
         f"the server and {_count(sites, 'site')} run; logs in {report.folder}/workspaces/NAME/daemon.txt",
         f"submit a job:  flengine admin {admin} submit jobs/fedavg",
-        f"watch it:      flengine admin {admin} list",
-        f"stop the POC:  flengine poc stop -o {_q(report.folder)}",
+        f"watch it:      flengine admin {admin} watch JOB_ID  (the id that submit prints)",
+        f"stop the POC:  flengine poc stop -d {_q(report.folder)}",
     ]
     return "\n".join(lines)
 
@@ -106,10 +104,10 @@ def _status_text(report: PocReport) -> str:
     if report.all_up:
         lines.append(f"the POC in {report.folder} is up; admin kit {report.admin_kit}")
     elif all(d.state != "running" for d in report.daemons):
-        lines.append(f"the POC in {report.folder} is not running; start it: flengine poc start -o {_q(report.folder)}")
+        lines.append(f"the POC in {report.folder} is not running; start it: flengine poc start -d {_q(report.folder)}")
     else:
         lines.append(
-            f"the POC in {report.folder} is partly up; `flengine poc start -o {_q(report.folder)}` starts the rest"
+            f"the POC in {report.folder} is partly up; `flengine poc start -d {_q(report.folder)}` starts the rest"
         )
     return "\n".join(lines)
 

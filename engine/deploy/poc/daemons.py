@@ -62,7 +62,7 @@ def start(folder: Path) -> PocReport:
     kits = {kit.identity: kit for kit in read_kits(poc)}
     admin = admin_kit(poc)
     if admin is None:
-        raise PocError(f"{poc.kits}: no admin kit; run `flengine poc prepare -o {folder}` again")
+        raise PocError(f"{poc.kits}: no admin kit; run `flengine poc prepare -d {folder}` again")
     daemons = [d for d in read_daemons(poc) if d.name in kits]
     to_start = [d for d in daemons if d.state != "running"]
     if not to_start:
@@ -241,7 +241,7 @@ def stop(folder: Path, grace_s: float = STOP_GRACE_S) -> PocReport:
     """
     poc = PocFolder(folder)
     if not folder.is_dir():
-        raise PocError(f"{folder}: no such folder; give -o the POC folder that `flengine poc prepare` wrote")
+        raise PocError(f"{folder}: no such folder; give -d the POC folder that `flengine poc prepare` wrote")
     daemons = [d for d in read_daemons(poc) if d.state != "stopped"]
     results = {d.name: d for d in daemons if d.state == "stale"}
     for group in ([d for d in daemons if d.kind != "server"], [d for d in daemons if d.kind == "server"]):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.deploy.pidfile import ProcessRecord, read_pid_file
-from engine.errors import FlengineError
+from engine.errors import PocError as PocError  # where callers import it from
 from engine.provision import KIT_FILE, Kit
 from engine.provision.kit import parse_kit_file
 
@@ -18,10 +18,6 @@ PROJECT_NAME = "poc"
 ADMIN_NAME = "admin"
 HOST = "127.0.0.1"
 _LOG_FILE = "daemon.txt"
-
-
-class PocError(FlengineError):
-    """A POC command cannot do what was asked; the message names the folder and the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +139,7 @@ def prepared(folder: Path) -> PocFolder:
     poc = PocFolder(folder)
     if not poc.project_file.is_file() or not poc.kits.is_dir():
         where = "no such folder" if not folder.exists() else "no project.conf and kits/ there"
-        raise PocError(f"{folder}: not a prepared POC ({where}); run `flengine poc prepare -o {folder}` first")
+        raise PocError(f"{folder}: not a prepared POC ({where}); run `flengine poc prepare -d {folder}` first")
     return poc
 
 

@@ -24,7 +24,7 @@ PORT_SPAN = 1 + protocol.DEFAULT_JOB_PORTS
 
 _PROJECT_TEXT = """\
 # The project of `flengine poc prepare`: a server, {sites} sites and one admin, all on this machine.
-# Edit it (add sites, resources, admins) and run `flengine poc prepare -o DIR` again: the kits
+# Edit it (add sites, resources, admins) and run `flengine poc prepare -d DIR` again: the kits
 # of existing participants keep their keys. Every key is in schemas/project.schema.json.
 name = {project}
 
@@ -94,7 +94,7 @@ def prepare(folder: Path, sites: int | None = None, port: int | None = None) -> 
     _check_poc_folder(poc)
     running = [d.name for d in read_daemons(poc) if d.state == "running"]
     if running:
-        raise PocError(f"{folder}: the POC runs ({', '.join(running)}); stop it first: flengine poc stop -o {folder}")
+        raise PocError(f"{folder}: the POC runs ({', '.join(running)}); stop it first: flengine poc stop -d {folder}")
     text, status = _project_text_for(poc, sites, port)
     if status == "kept":
         project = load_project(poc.project_file)  # its problems name the file the user edits
@@ -117,10 +117,10 @@ def prepare(folder: Path, sites: int | None = None, port: int | None = None) -> 
 def _check_poc_folder(poc: PocFolder) -> None:
     folder = poc.folder
     if folder.exists() and not folder.is_dir():
-        raise PocError(f"{folder}: not a folder; give -o a new folder for the POC")
+        raise PocError(f"{folder}: not a folder; give -d a new folder for the POC")
     if folder.is_dir() and any(folder.iterdir()) and not poc.project_file.is_file():
         raise PocError(
-            f"{folder}: not a POC folder (it holds files but no project.conf); give -o a new or empty folder"
+            f"{folder}: not a POC folder (it holds files but no project.conf); give -d a new or empty folder"
         )
 
 
@@ -136,7 +136,7 @@ def _project_text_for(poc: PocFolder, sites: int | None, port: int | None) -> tu
     if current != project_text(now_sites, project.server.port):
         raise UsageError(
             f"{poc.project_file}: edited since `flengine poc prepare` wrote it, so -n and --port do not "
-            f"rewrite it; change its sites or server.port and run `flengine poc prepare -o {poc.folder}` "
+            f"rewrite it; change its sites or server.port and run `flengine poc prepare -d {poc.folder}` "
             "without them"
         )
     text = project_text(sites or now_sites, port or project.server.port)
@@ -180,7 +180,7 @@ def check_ports_free(host: str, first: int, poc: PocFolder, command: str) -> Non
     last = first + PORT_SPAN - 1
     listed = ", ".join(map(str, taken))
     fix = (
-        f"choose another block: flengine poc prepare -o {poc.folder} --port {first + 1000} "
+        f"choose another block: flengine poc prepare -d {poc.folder} --port {first + 1000} "
         f"(or set server.port in {poc.project_file})"
     )
     raise PocError(

@@ -10,7 +10,10 @@ import time
 from typing import Any
 
 from engine.aggregators import Aggregator, ResultRules
-from engine.model import DXO, FLModel, ReturnCode, Shareable, shown_round
+from engine.aggregators.refusals import bug_reason
+from engine.aggregators.rules import metrics_from_one_site
+from engine.errors import ResultRefused
+from engine.model import DXO, DataKind, FLModel, ReturnCode, Shareable, shown_round
 from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,8 @@ class RoundGathering:
     #: How the round folds its results chunk by chunk (`engine.executors.ccwf.swarm_intake.RoundFold`);
     #: None: whole, into the swarm's aggregator.
     fold: Any = None
+    #: Each accepted trainer -> the names of its metrics that counted (after the rules).
+    metric_names: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     _changed: threading.Condition = dataclasses.field(default_factory=threading.Condition)
 
     def set_base(self, data: Shareable) -> None:
@@ -61,16 +66,27 @@ class RoundGathering:
                 return
         try:
             (rules or ResultRules()).check_dxo_result(result, site, self.number)
-        except ValueError as e:
+        except ResultRefused as e:
             log.warning("result refused: site=%s round=%d reason=%s", site, shown_round(self.number), e)
             self.fail(site, str(e))
             return
+        except Exception as e:  # a bug in a check: the result fails, the round goes on
+            log.exception("result failed: site=%s round=%d", site, shown_round(self.number))
+            self.fail(site, bug_reason(e))
+            return
         if aggregator.accept(result, site, self.number):
             with self._changed:
+                self.metric_names[site] = _metric_names(result)
                 self.accepted.append(site)
                 self._changed.notify_all()
         else:
             self.fail(site, "the aggregator refused it (see the log)")
+
+    def metrics_from_one_site(self, job_clients: int) -> list[str]:
+        """The round's metrics that one accepted trainer alone reported (see `metrics_from_one_site`)."""
+        with self._changed:
+            counted = {site: self.metric_names.get(site, []) for site in self.accepted}
+        return metrics_from_one_site(counted, job_clients)
 
     def fail(self, site: str, why: str) -> None:
         with self._changed:
@@ -109,6 +125,17 @@ class RoundGathering:
         """Drop the round's model (its downloaded files go with it)."""
         base, self.base = self.base, None
         cleanup_lazy_refs(base)
+
+
+def _metric_names(result: Shareable) -> list[str]:
+    """The names of a checked result's metrics: a METRICS DXO's data, and a DXO's ``metrics`` meta."""
+    try:
+        dxo = DXO.from_shareable(result)
+    except ValueError:
+        return []
+    names = list(dxo.data) if dxo.data_kind is DataKind.METRICS else []
+    in_meta = dxo.meta.get("metrics")
+    return list(dict.fromkeys([*names, *(in_meta if isinstance(in_meta, dict) else {})]))
 
 
 def rotate(clients: list[str], current_round: int) -> list[str]:

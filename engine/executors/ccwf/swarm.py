@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.aggregators import Aggregator, ResultRules
+from engine.aggregators.rules import marked_from_one_site
 from engine.cells import Message, Reply, Status
 from engine.errors import CellError, CellRemoteError
 from engine.executors.ccwf.client_side import ClientSideController, owner_among, refused
@@ -430,6 +431,10 @@ class SwarmClientController(ClientSideController):
         del aggregate, base
         model = dataclasses.replace(model, params=in_memory(model.params or {}))
         entry.release()
+        # no persistor (here, or a result client's for the final model) picks a best model by a
+        # metric one trainer alone decided
+        from_one_site = entry.metrics_from_one_site(len(self.roles.train_clients))
+        model = marked_from_one_site(model, from_one_site)
         self.persistor.save_model(model)
         done = {
             "round": entry.number,
@@ -437,6 +442,7 @@ class SwarmClientController(ClientSideController):
             "metrics": dict(model.metrics or {}),
             "clients": sorted(entry.accepted),
             "aggregator": self.site,
+            **({"metrics_from_one_site": from_one_site} if from_one_site else {}),
         }
         self.update_status(rounds_done=[*self.status.rounds_done, done])
         folded = len(entry.fold.folded) if entry.fold is not None else 0

@@ -36,7 +36,9 @@ from engine.aggregators import Aggregator, DXOAggregator, ModelAggregatorAsDXO, 
 from engine.aggregators.check import check_params_match
 from engine.aggregators.dxo_aggregator import acceptable_dxo
 from engine.aggregators.folding import FoldingModelAggregator, ResultFold
+from engine.aggregators.refusals import bug_reason
 from engine.cells import Cell, Message, Reply
+from engine.errors import ResultRefused, WorkflowError
 from engine.executors.ccwf.client_side import refused
 from engine.executors.ccwf.gathering import RoundGathering
 from engine.model import DXO, DataKind, FLModel, ParamsType, ReturnCode, Shareable, shown_round
@@ -265,7 +267,7 @@ class ResultIntake:
         """The fold of a result known by its header alone, or None to take it whole.
 
         Raises:
-            ValueError: The result is refused before anything is pulled (another round or DXO
+            ResultRefused: The result is refused before anything is pulled (another round or DXO
                 kind, a weight out of bounds, a second result, the round closed).
         """
         if not isinstance(peeked, Shareable) or peeked.get_return_code() is not ReturnCode.OK:
@@ -285,7 +287,7 @@ class ResultIntake:
         def check_tensor(name: str, values: torch.Tensor) -> None:
             try:
                 self.rules.check_values({name: values}, site)
-            except ValueError:
+            except ResultRefused:
                 self._refused_sites.add(site)
                 raise
 
@@ -305,7 +307,7 @@ class ResultIntake:
             dxo = acceptable_dxo(result, entry.number, state.kind)
             header = FLModel(params_type=_PARAMS_TYPES[state.kind], meta=dict(dxo.meta))
             result_fold = state.sums.open_result(header, site)
-        except ValueError as e:
+        except ResultRefused as e:
             log.warning("result refused: site=%s round=%d reason=%s", site, shown_round(entry.number), e)
             entry.fail(site, str(e))
             return
@@ -319,9 +321,13 @@ class ResultIntake:
             entry.take(site, result, state.view, self.rules)
             if site in entry.accepted:
                 state.folded.append(site)
-        except ValueError as e:
+        except ResultRefused as e:
             result_fold.fail(str(e))
             entry.fail(site, str(e))
+        except Exception as e:  # a bug in a check: the result fails, the round goes on
+            log.exception("result failed: site=%s round=%d", site, shown_round(entry.number))
+            result_fold.fail(bug_reason(e))
+            entry.fail(site, bug_reason(e))
         finally:
             result_fold.fail(f"the result of {site} was not taken")  # nothing when it was committed
 
@@ -336,7 +342,7 @@ class ResultIntake:
             settings: The other settings that bound it, for the error (``learn_task_timeout=60 s``).
 
         Raises:
-            RuntimeError: Fewer than ``minimum`` results are usable; the message names why each failed.
+            WorkflowError: Fewer than ``minimum`` results are usable; the message names why each failed.
         """
         with self._rounds_lock:
             entry.closed = True
@@ -344,7 +350,7 @@ class ResultIntake:
         self._rebuild_if_tainted(entry, minimum)
         if len(entry.accepted) < minimum:
             failures = "; ".join(f"{site}: {why}" for site, why in entry.failed.items()) or "none"
-            raise RuntimeError(
+            raise WorkflowError(
                 f"{len(entry.accepted)} usable results of {len(entry.trainers)} "
                 f"(min_responses_required={minimum}, {settings}); failed: {failures}"
             )

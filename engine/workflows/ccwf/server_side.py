@@ -46,6 +46,8 @@ class ServerSideController(Controller):
             are lost (dead, or silent past ``max_status_report_interval``); 0 = all of them.
     """
 
+    needs_live_clients = True
+
     def __init__(
         self,
         task_name_prefix: str,

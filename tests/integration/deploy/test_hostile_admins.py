@@ -90,7 +90,7 @@ def test_an_admin_with_another_projects_kit_fails_at_once_with_one_line(project:
 def test_a_member_cannot_tell_another_orgs_job_from_a_made_up_id(project: Deployment, tmp_path: Path) -> None:
     job_id = project.admin_json("alice", "submit", str(make_bench_job(tmp_path / "jobs")))["job_id"]
 
-    for command in ("status", "download", "logs", "abort", "delete"):
+    for command in ("status", "watch", "download", "logs", "abort", "delete"):
         hidden = project.admin("carol", command, job_id)  # carol: a member of hospital-2; the job is lab's
         made_up = project.admin("carol", command, MADE_UP_ID)
 

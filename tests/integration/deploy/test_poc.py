@@ -35,12 +35,12 @@ def flengine(*args: str, cwd: Path, timeout_s: float = 120.0) -> subprocess.Comp
 def poc(tmp_path: Path) -> Iterator[Path]:
     """A prepared POC folder on a free block of ports; whatever still runs of it at the end is killed (and fails the test)."""
     folder = tmp_path / "poc"
-    prepared = flengine("poc", "prepare", "-o", str(folder), "--port", str(free_port_block(11)), cwd=tmp_path)
+    prepared = flengine("poc", "prepare", "-d", str(folder), "--port", str(free_port_block(11)), cwd=tmp_path)
     assert prepared.returncode == 0, prepared.stderr
     try:
         yield folder
     finally:
-        flengine("poc", "stop", "-o", str(folder), cwd=tmp_path)
+        flengine("poc", "stop", "-d", str(folder), cwd=tmp_path)
         leftovers = processes_mentioning(str(tmp_path))
         for line in leftovers:
             os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
@@ -65,24 +65,24 @@ def wait_final(admin_kit: Path, job_id: str, timeout_s: float = 60.0) -> dict:
 def test_a_poc_starts_once_runs_a_submitted_job_and_stops_leaving_nothing(poc: Path, tmp_path: Path) -> None:
     job = make_bench_job(tmp_path / "jobs", num_rounds=1)
 
-    started = flengine("poc", "start", "-o", str(poc), cwd=tmp_path)
+    started = flengine("poc", "start", "-d", str(poc), cwd=tmp_path)
     assert started.returncode == 0, started.stderr
     assert started.stdout.startswith(f"started server, site-1, site-2 in {poc}\n"), started.stdout
     assert f"submit a job:  flengine admin {poc / 'kits' / 'admin'} submit jobs/fedavg" in started.stdout
     first_pids = pids(poc)
     assert sorted(first_pids) == ["server", "site-1", "site-2"]
 
-    again = flengine("poc", "start", "-o", str(poc), cwd=tmp_path)
+    again = flengine("poc", "start", "-d", str(poc), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith(f"the POC in {poc} runs already; nothing started\n"), again.stdout
     assert pids(poc) == first_pids
-    refused = flengine("poc", "prepare", "-o", str(poc), cwd=tmp_path)
+    refused = flengine("poc", "prepare", "-d", str(poc), cwd=tmp_path)
     assert refused.returncode == 1
-    assert f"Error: {poc}: the POC runs (server, site-1, site-2); stop it first: flengine poc stop -o {poc}" in (
+    assert f"Error: {poc}: the POC runs (server, site-1, site-2); stop it first: flengine poc stop -d {poc}" in (
         refused.stderr
     )
 
-    status = flengine("poc", "status", "-o", str(poc), "--format", "json", cwd=tmp_path)
+    status = flengine("poc", "status", "-d", str(poc), "--format", "json", cwd=tmp_path)
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)
     assert report["all_up"] is True
@@ -97,7 +97,7 @@ def test_a_poc_starts_once_runs_a_submitted_job_and_stops_leaving_nothing(poc: P
     assert record["status"] == "FINISHED_COMPLETED", record
     assert sorted(record["sites"]) == ["site-1", "site-2"]
 
-    stopped = flengine("poc", "stop", "-o", str(poc), cwd=tmp_path)
+    stopped = flengine("poc", "stop", "-d", str(poc), cwd=tmp_path)
 
     assert stopped.returncode == 0, stopped.stderr
     assert stopped.stdout.splitlines() == [
@@ -109,7 +109,7 @@ def test_a_poc_starts_once_runs_a_submitted_job_and_stops_leaving_nothing(poc: P
     assert processes_mentioning(str(poc)) == []
     assert list((poc / "run").iterdir()) == []
     assert "server of project poc stopped" in (poc / "workspaces" / "server" / "daemon.txt").read_text()
-    idle = flengine("poc", "stop", "-o", str(poc), cwd=tmp_path)
+    idle = flengine("poc", "stop", "-d", str(poc), cwd=tmp_path)
     assert (idle.returncode, idle.stdout) == (0, f"nothing runs in {poc}\n")
 
 
@@ -120,11 +120,11 @@ def test_stop_never_signals_a_process_whose_pid_a_stale_pid_file_names(poc: Path
         write_pid_file(poc / "run" / "site-1.pid", ProcessRecord(unrelated.pid, "0:12345", "site-1", "site"))
         assert process_start(unrelated.pid) not in (None, "0:12345")
 
-        status = flengine("poc", "status", "-o", str(poc), cwd=tmp_path)
-        stopped = flengine("poc", "stop", "-o", str(poc), cwd=tmp_path)
+        status = flengine("poc", "status", "-d", str(poc), cwd=tmp_path)
+        stopped = flengine("poc", "stop", "-d", str(poc), cwd=tmp_path)
 
         assert status.returncode == 1
-        assert f"site-1  stale         pid {unrelated.pid}" in status.stdout
+        assert f"site-1  stale         {unrelated.pid}" in status.stdout
         assert stopped.returncode == 0, stopped.stderr
         assert stopped.stdout.splitlines() == [
             f"site-1  stale pid file removed (pid {unrelated.pid} is no longer this daemon; nothing signalled)",

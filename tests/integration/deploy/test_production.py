@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from engine.deploy.poc.prepare import free_port_block
 from engine.examples.digits import Net, load_split
 from engine.provision import load_project, provision
+from tests.integration.deploy.summary_checks import assert_downloaded_summary
 from tests.integration.runtime.jobkit import expected_delta, make_bench_job
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -172,6 +173,7 @@ def test_a_job_submitted_to_a_deployed_project_runs_on_both_sites_and_downloads(
     assert sorted(record["sites"]) == list(SITES)
     downloaded = deployment.admin("alice", "download", job_id, "-o", str(tmp_path / "results"))
     assert downloaded.returncode == 0, downloaded.stderr
+    assert_downloaded_summary(tmp_path / "results" / job_id, job_id, SITES)  # the report reads it
     final = load_file(tmp_path / "results" / job_id / "server" / "models" / "global.safetensors")
     for name, tensor in bench_initial(job).items():
         expected = tensor.double() + 2 * expected_delta(2)

@@ -75,14 +75,7 @@ def test_cross_site_eval_without_training_validates_the_instance_given(tmp_path:
     assert processes_mentioning(str(tmp_path)) == []
 
 
-def fedopt_exists() -> bool:
-    import engine.workflows
-
-    return hasattr(engine.workflows, "FedOpt")
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not fedopt_exists(), reason="engine.workflows.FedOpt is not written yet (another helper's part)")
 def test_fedopt_recipe_with_sgd_at_rate_one_ends_where_fedavg_does(tmp_path: Path) -> None:
     torch.manual_seed(3)
     model = Net(hidden=16)

@@ -23,6 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))
 
 import bench  # noqa: E402
+from proc_tree import process_tree, rss_mb  # noqa: E402
 
 SIZE_MB = 256
 MODEL_GB = SIZE_MB * 2**20 / 1e9
@@ -32,8 +33,8 @@ BASELINE_GB = 0.45
 
 def _peaks_by_process(root_pid: int, stop: threading.Event, peaks: dict[int, tuple[str, float]]) -> None:
     while not stop.is_set():
-        for pid, (_, cmdline) in bench._tree(root_pid).items():
-            rss_gb = bench._rss_mb(pid) * bench.MIB / 1e9
+        for pid, (_, cmdline) in process_tree(root_pid).items():
+            rss_gb = rss_mb(pid) * bench.MIB / 1e9
             if rss_gb > peaks.get(pid, ("", 0.0))[1]:
                 peaks[pid] = (cmdline, rss_gb)
         time.sleep(bench.SAMPLE_INTERVAL_S)

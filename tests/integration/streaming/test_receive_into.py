@@ -13,7 +13,8 @@ from torch import nn
 
 from engine import fobs
 from engine.cells import Cell, CellSettings
-from engine.client.into import IntoMismatchError, fill_into, placement_of, targets_of
+from engine.client.into import fill_into, placement_of, targets_of
+from engine.errors import IntoMismatchError
 from engine.model import DXO, DataKind, FLModel, model_from_shareable, register_model_types, shareable_from_model
 from engine.streaming.codec import MessageCodec
 from engine.streaming.service import DownloadService

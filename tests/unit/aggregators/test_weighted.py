@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.aggregators import WeightedAggregationHelper
+from engine.errors import ResultRefused
 
 from .lazy import LazyTensor
 
@@ -235,8 +236,8 @@ def test_a_refused_contribution_leaves_the_sum_as_it_was() -> None:
 @pytest.mark.parametrize(
     ("value", "error", "match"),
     [
-        ("text", TypeError, r"site-1: value 'x': cannot aggregate a value of type str"),
-        (np.zeros(2), ValueError, r"site-1: value 'x': expected a tensor, got a ndarray"),
+        ("text", ResultRefused, r"site-1: value 'x': cannot aggregate a value of type str"),
+        (np.zeros(2), ResultRefused, r"site-1: value 'x': expected a tensor, got a ndarray"),
     ],
     ids=["unsupported-type", "kind-changes"],
 )

@@ -22,8 +22,9 @@ from engine import client as flare
 from engine.client import broadcast
 from engine.client.backends import ENV_ENDPOINT, Backend, InProcessBackend, SubprocessBackend, install_backend
 from engine.client.distributed import DistributedBackend, Ranks, connect_from_environment
-from engine.client.exchange import ClientAPIError, TaskExchange, TaskItem
-from engine.client.into import IntoMismatchError, targets_of
+from engine.client.exchange import TaskExchange, TaskItem
+from engine.client.into import targets_of
+from engine.errors import ClientAPIError, IntoMismatchError
 from engine.model import FLModel, ParamsType
 from engine.site import ScriptCredentials
 

@@ -9,7 +9,8 @@ import pytest
 
 from engine import client as flare
 from engine.client.backends import ENV_ENDPOINT, InProcessBackend, install_backend, installed_backend
-from engine.client.exchange import ClientAPIError, TaskExchange, TaskItem
+from engine.client.exchange import TaskExchange, TaskItem
+from engine.errors import ClientAPIError
 from engine.model import FLModel
 
 #: Longest a test waits for the other side of the exchange.

@@ -15,7 +15,8 @@ from engine.client.backends import (
     job_sites_to_environment,
 )
 from engine.client.distributed import DistributedBackend, Ranks
-from engine.client.exchange import ClientAPIError, TaskExchange
+from engine.client.exchange import TaskExchange
+from engine.errors import ClientAPIError
 
 
 @pytest.fixture

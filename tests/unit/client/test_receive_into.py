@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from engine.client.exchange import ClientAPIError, TaskExchange
-from engine.client.into import IntoMismatchError, fill_into, placement_of, targets_of
+from engine.client.exchange import TaskExchange
+from engine.client.into import fill_into, placement_of, targets_of
+from engine.errors import ClientAPIError, IntoMismatchError
 from engine.model import DXO, DataKind, FLModel, ParamsType, shareable_from_model
 from engine.streaming.via_downloader import StreamedItem
 

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from engine.client import ScaffoldClient
-from engine.client.scaffold import C_DELTA_KEY, C_GLOBAL_KEY
 from engine.model import FLModel
+from engine.model.scaffold_keys import C_DELTA_KEY, C_GLOBAL_KEY
 
 RNG = np.random.default_rng(7)
 X = RNG.normal(size=(16, 3)).astype(np.float64)

@@ -13,9 +13,9 @@ import torch
 
 from engine import client as flare
 from engine.client.backends import InProcessBackend, install_backend
-from engine.client.exchange import ClientAPIError, TaskExchange
-from engine.client.handover import HANDED_OVER, HandedOverParams, ParamsHandedOverError, hand_over
-from engine.errors import FlengineError
+from engine.client.exchange import TaskExchange
+from engine.client.handover import HANDED_OVER, HandedOverParams, hand_over
+from engine.errors import ClientAPIError, FlengineError, ParamsHandedOverError
 from engine.model import FLModel
 
 #: Longest a test waits for the other side of the exchange.

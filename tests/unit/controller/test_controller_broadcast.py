@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from engine.controller import ResultRefused, Task, TaskCompletionStatus, TaskQueue
+from engine.controller import Task, TaskCompletionStatus, TaskQueue
+from engine.errors import ResultRefused
 from engine.model import ReservedHeaderKey, ReturnCode, Shareable
 
 from .conftest import CLIENTS, FakeClock, SimulatedClients, Workflow, answer

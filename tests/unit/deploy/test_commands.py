@@ -26,7 +26,7 @@ import pytest
 
 from engine.cells import Message, Reply
 from engine.cells.log_limit import DEFAULT_BURST
-from engine.deploy import commands, protocol, results
+from engine.deploy import commands, job_feed, protocol, results
 from engine.deploy import server as deploy_server
 from engine.deploy.admin import AdminSession
 from engine.deploy.archive import archive_digest, pack_job, unpack_job
@@ -375,7 +375,7 @@ def test_logs_returns_the_last_lines(server: Server, daemon: ServerDaemon, fedav
 
     lines = answer(ask(alice, "logs", job_id=job_id))["lines"]
 
-    assert lines == [f"line {i}" for i in range(100_000 - commands.LOG_LINES, 100_000)]
+    assert lines == [f"line {i}" for i in range(100_000 - job_feed.LOG_LINES, 100_000)]
 
 
 def test_logs_reads_only_the_end_of_a_huge_log(server: Server, daemon: ServerDaemon, fedavg_zip: Path) -> None:
@@ -396,7 +396,7 @@ def test_logs_reads_only_the_end_of_a_huge_log(server: Server, daemon: ServerDae
         tracemalloc.stop()
 
     assert lines[-1] == "last line"
-    assert peak < 16 * commands.LOG_TAIL_BYTES
+    assert peak < 16 * job_feed.LOG_TAIL_BYTES
 
 
 # ----------------------------------------------------------------- delete
@@ -434,7 +434,7 @@ def test_a_job_that_has_not_ended_is_not_deleted(server: Server, daemon: ServerD
 # ----------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize("command", ["status", "abort", "delete", "download", "logs"])
+@pytest.mark.parametrize("command", ["status", "abort", "delete", "download", "logs", "watch"])
 def test_a_job_an_admin_may_not_see_is_answered_as_an_unknown_id(
     server: Server, daemon: ServerDaemon, fedavg_zip: Path, command: str
 ) -> None:
@@ -495,3 +495,41 @@ def test_a_job_that_brings_its_own_code_needs_the_byoc_right() -> None:
     assert refusal is not None and refusal.startswith("the job brings its own code (app/custom/ (")
     assert "org_admin olga may not" in refusal
     assert _byoc_refusal(lead, job) is None
+
+
+# ----------------------------------------------------------------- download: the job's summary.json
+
+
+def test_a_job_aborted_before_it_ran_downloads_with_its_summary(
+    server: Server, daemon: ServerDaemon, fedavg_zip: Path, tmp_path: Path
+) -> None:
+    alice = server.admin()
+    job_id = answer(submit(alice, fedavg_zip))["job_id"]
+    answer(ask(alice, "abort", job_id=job_id))
+
+    got = pull(server, alice, answer(ask(alice, "download", job_id=job_id)), tmp_path / "got")
+
+    summary = json.loads((got / "summary.json").read_text())
+    assert summary["status"] == "FINISHED_ABORTED" and summary["reason"] == "aborted by alice: abort command"
+    assert [entry["state"] for entry in summary["states"]] == ["SUBMITTED", "FINISHED_ABORTED"]
+    assert summary["rounds"] == [] and summary["processes"] == {"server": {"exit_code": None, "peak_rss_mb": None}}
+
+
+def test_results_that_come_in_after_a_download_are_in_the_next_downloads_summary(
+    server: Server, daemon: ServerDaemon, fedavg_zip: Path, tmp_path: Path
+) -> None:
+    alice = server.admin()
+    job_id = answer(submit(alice, fedavg_zip))["job_id"]
+    daemon.store.update(job_id, status="RUNNING", sites=["site-1"])
+    finished(daemon, job_id, finished_at=datetime.now(timezone.utc).isoformat())  # results may still come
+    first = pull(server, alice, answer(ask(alice, "download", job_id=job_id)), tmp_path / "first")
+    daemon.store.record_exit(job_id, "site-1", 0)  # the site's job process ended; its results land
+    (daemon.store.workspace(job_id) / "site-1").mkdir()
+    (daemon.store.workspace(job_id) / "site-1" / "process.json").write_text('{"peak_rss_bytes": 1048576}')
+
+    second = pull(server, alice, answer(ask(alice, "download", job_id=job_id)), tmp_path / "second")
+
+    before, after = (json.loads((folder / "summary.json").read_text()) for folder in (first, second))
+    assert before["processes"]["site-1"] == {"exit_code": None, "peak_rss_mb": None}
+    assert before["warnings"] == ["site-1 handed in no results: its memory, metrics and log are not here"]
+    assert after["processes"]["site-1"] == {"exit_code": 0, "peak_rss_mb": 1.0} and after["warnings"] == []

@@ -276,3 +276,58 @@ def test_from_json_names_what_is_missing() -> None:
 def test_the_runtime_states_are_store_statuses() -> None:
     assert {s.value for s in JobState} <= {s.value for s in StoreStatus}
     assert StoreStatus.FINISHED_REJECTED.is_final and not StoreStatus.RUNNING.is_final
+
+
+def test_each_status_is_kept_with_its_time_and_an_end_not_known_has_none(store: JobStore, fedavg_zip: Path) -> None:
+    record = submit(store, fedavg_zip)
+    store.update(record.job_id, status=StoreStatus.RUNNING, started_at=utc_now())
+    store.update(record.job_id, port=8003)  # no new status: nothing added
+    store.recover()  # the server stopped while it ran: when it ended is not known
+
+    states = store.get(record.job_id).states
+
+    assert [entry["state"] for entry in states] == ["SUBMITTED", "RUNNING", "FINISHED_ABORTED"]
+    assert states[0]["time"] == record.submitted_at
+    assert states[0]["time"] < states[1]["time"] and states[2]["time"] is None
+
+
+def test_the_exits_of_several_processes_reported_at_once_are_all_kept(store: JobStore, fedavg_zip: Path) -> None:
+    record = submit(store, fedavg_zip)
+    names = [f"site-{n}" for n in range(8)]
+    threads = [
+        threading.Thread(target=store.record_exit, args=(record.job_id, name, n)) for n, name in enumerate(names)
+    ]
+
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+
+    assert store.get(record.job_id).exit_codes == {name: n for n, name in enumerate(names)}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("states", [{"state": 1, "time": None}]),
+        ("states", [{"time": "2025-01-31T12:00:00+00:00"}]),
+        ("states", "RUNNING"),
+        ("exit_codes", {"site-1": "0"}),
+        ("exit_codes", {"site-1": True}),
+        ("exit_codes", ["site-1", 0]),
+    ],
+    ids=["state-not-a-string", "no-state", "not-a-list", "code-a-string", "code-a-bool", "not-a-dict"],
+)
+def test_a_record_with_malformed_states_or_exit_codes_is_refused(key: str, value: object) -> None:
+    data = {"job_id": "0123456789ab", "name": "x", "submitter": "a", "submitter_org": "a", "status": "RUNNING"}
+
+    with pytest.raises(JobStoreError, match=f"job record: {key}: unexpected value"):
+        JobRecord.from_json({**data, "submitted_at": None, key: value})
+
+
+def test_a_record_written_before_states_and_exit_codes_were_kept_still_loads() -> None:
+    data = {"job_id": "0123456789ab", "name": "x", "submitter": "a", "submitter_org": "a", "status": "RUNNING"}
+
+    record = JobRecord.from_json({**data, "submitted_at": None})
+
+    assert (record.states, record.exit_codes) == ([], {})

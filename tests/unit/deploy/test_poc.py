@@ -104,7 +104,7 @@ def test_prepare_names_the_ports_in_use_and_writes_nothing(tmp_path: Path, port:
 
     assert str(caught.value).startswith(
         f"port {port + 3} of {port}..{port + 10} on 127.0.0.1 is in use; the server takes {port} and its jobs "
-        f"{port + 1}..{port + 10}. Stop what uses it, or choose another block: flengine poc prepare -o "
+        f"{port + 1}..{port + 10}. Stop what uses it, or choose another block: flengine poc prepare -d "
         f"{tmp_path / 'poc'} --port {port + 1000}"
     )
     assert not (tmp_path / "poc").exists()
@@ -113,7 +113,7 @@ def test_prepare_names_the_ports_in_use_and_writes_nothing(tmp_path: Path, port:
 def test_prepare_refuses_a_folder_that_is_not_a_poc(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
 
-    with pytest.raises(PocError, match=r"not a POC folder \(it holds files but no project\.conf\); give -o a new"):
+    with pytest.raises(PocError, match=r"not a POC folder \(it holds files but no project\.conf\); give -d a new"):
         prepare(tmp_path)
 
 
@@ -123,7 +123,7 @@ def test_prepare_refuses_a_running_poc(tmp_path: Path, port: int) -> None:
     # this test's own process stands in for a running server: it is alive and its start time matches
     write_pid_file(folder / "run" / "server.pid", ProcessRecord.of(os.getpid(), "server", "server", ["pytest"]))
 
-    with pytest.raises(PocError, match=r"the POC runs \(server\); stop it first: flengine poc stop -o "):
+    with pytest.raises(PocError, match=r"the POC runs \(server\); stop it first: flengine poc stop -d "):
         prepare(folder, sites=3)
 
     (folder / "run" / "server.pid").unlink()
@@ -152,11 +152,11 @@ def test_a_command_on_a_folder_never_prepared_says_how_to_prepare(
 ) -> None:
     folder = tmp_path / "nowhere"
 
-    code = main(["poc", action, "-o", str(folder)])
+    code = main(["poc", action, "-d", str(folder)])
 
     assert code == 1
     assert capsys.readouterr().err == (
-        f"Error: {folder}: not a prepared POC (no such folder); run `flengine poc prepare -o {folder}` first\n"
+        f"Error: {folder}: not a prepared POC (no such folder); run `flengine poc prepare -d {folder}` first\n"
     )
 
 
@@ -165,16 +165,17 @@ def test_prepare_prints_each_kit_and_how_to_start(
 ) -> None:
     folder = tmp_path / "poc"
 
-    code = main(["poc", "prepare", "-o", str(folder), "-n", "1", "--port", str(port)])
+    code = main(["poc", "prepare", "-d", str(folder), "-n", "1", "--port", str(port)])
 
     assert code == 0
     assert capsys.readouterr().out.splitlines() == [
-        f"created  server server  {folder}/kits/server",
-        f"created  site   site-1  {folder}/kits/site-1",
-        f"created  admin  admin   {folder}/kits/admin",
+        "status   name    kind    folder",
+        f"created  server  server  {folder}/kits/server",
+        f"created  site-1  site    {folder}/kits/site-1",
+        f"created  admin   admin   {folder}/kits/admin",
         f"POC prepared in {folder}: project file {folder}/project.conf (created); the server will take ports "
         f"{port}..{port + 10} on 127.0.0.1",
-        f"start it: flengine poc start -o {folder}",
+        f"start it: flengine poc start -d {folder}",
     ]
 
 
@@ -186,3 +187,20 @@ def test_prepare_again_names_the_line_of_a_broken_project_file(tmp_path: Path, p
 
     with pytest.raises(ConfigError, match=rf"{project}:6: server\.port: "):
         prepare(folder)
+
+
+def test_status_prints_a_row_per_daemon_under_a_header(
+    tmp_path: Path, port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "poc"
+    prepare(folder, sites=1, port=port)
+
+    code = main(["poc", "status", "-d", str(folder)])
+
+    assert code == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "name    state         pid      detail",
+        f"server  stopped       -        tcp://127.0.0.1:{port}",
+        "site-1  stopped       -",
+        f"the POC in {folder} is not running; start it: flengine poc start -d {folder}",
+    ]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.client.backends import install_backend
+from engine.errors import PathOutsideError
 from engine.executors.client_api import REASON_HEADER, ClientAPIExecutor
 from engine.executors.executor import ExecutorContext
 from engine.model import (
@@ -25,7 +26,6 @@ from engine.model import (
     model_from_shareable,
     shareable_from_model,
 )
-from engine.paths import PathOutsideError
 
 #: Adds 1 to every param, reports the round and its argv; writes is_running() once the run ends.
 ECHO_SCRIPT = """

@@ -74,3 +74,22 @@ def test_aggregation_moves_from_client_to_client() -> None:
 
     assert [rotate(clients, r)[0] for r in range(4)] == ["site-1", "site-2", "site-3", "site-1"]
     assert rotate(clients, 1) == ["site-2", "site-3", "site-1"]
+
+
+def test_a_metric_only_one_accepted_trainer_reported_is_named_for_the_persistor() -> None:
+    aggregator = DXOAggregator(expected_data_kind="WEIGHTS")
+    gathering = RoundGathering(0, ["site-1", "site-2", "site-3"], base=result(0.0, 1))
+
+    def with_metrics(value: float, metrics: dict[str, float]) -> Shareable:
+        shareable = result(value, 1)
+        DXO.from_shareable(shareable).meta["metrics"] = metrics
+        return shareable
+
+    gathering.take("site-1", with_metrics(1.0, {"accuracy": 0.99, "loss": 0.1}), aggregator)
+    gathering.take("site-2", with_metrics(2.0, {"accuracy": 5.0, "loss": 0.3}), aggregator)  # accuracy out of range
+    gathering.take("site-3", with_metrics(float("nan"), {"accuracy": 0.98, "loss": 0.2}), aggregator)  # refused
+
+    assert gathering.accepted == ["site-1", "site-2"] and "site-3" in gathering.failed
+    assert gathering.metrics_from_one_site(job_clients=3) == ["accuracy"]
+    assert gathering.metrics_from_one_site(job_clients=1) == []
+    assert DXO.from_shareable(aggregator.aggregate(0)).meta["metrics"] == {"accuracy": 0.99, "loss": 0.2}

@@ -20,6 +20,7 @@ import torch
 from engine import fobs
 from engine.aggregators import DXOAggregator, ResultRules
 from engine.cells import Cell, CellSettings, Message
+from engine.errors import WorkflowError
 from engine.executors.ccwf.gathering import RoundGathering
 from engine.executors.ccwf.swarm_intake import HELD_KEY, ResultIntake, RoundFold
 from engine.model import DXO, DataKind, ReturnCode, Shareable, register_model_types
@@ -285,7 +286,9 @@ def test_a_round_too_short_of_results_fails_without_pulling_anything_again(swarm
     wait_answered(entry, SITES)
     served = swarm.served("site-2")
 
-    with pytest.raises(RuntimeError, match=r"2 usable results of 3 \(min_responses_required=3, test\); failed: site-3"):
+    with pytest.raises(
+        WorkflowError, match=r"2 usable results of 3 \(min_responses_required=3, test\); failed: site-3"
+    ):
         swarm.intake.close(entry, 3, "test")
     swarm.intake.end(entry)
     assert swarm.served("site-2") == served

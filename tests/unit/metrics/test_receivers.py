@@ -11,8 +11,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from engine.config import validate_job
+from engine.errors import PathOutsideError
 from engine.metrics import JsonLinesReceiver, Metric, MetricsIntake, TensorBoardReceiver
-from engine.paths import PathOutsideError
 
 
 def read_scalars(run: Path) -> dict[str, list[tuple[int, float, float]]]:

@@ -13,8 +13,9 @@ import pytest
 import safetensors.torch
 import torch
 
+from engine.errors import PathOutsideError
 from engine.model import FLModel, ParamsType
-from engine.paths import JobPaths, PathOutsideError
+from engine.paths import JobPaths
 from engine.persistors import ModelPersistor, PTFileModelPersistor, checkpoint_files
 
 

@@ -30,6 +30,7 @@ def test_provision_end_to_end_through_python_m_engine(write_project: WriteProjec
 
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.splitlines() == [
+        "status   name    kind    folder",
         "created  server  server  kits/server",
         "created  site-1  site    kits/site-1",
         "created  site-2  site    kits/site-2",

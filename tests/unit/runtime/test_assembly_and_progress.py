@@ -11,16 +11,15 @@ import pytest
 
 from engine.cli import main
 from engine.config import ConfigDocument
-from engine.errors import ConfigError, UsageError
+from engine.errors import ConfigError, FilterError, PathOutsideError, UsageError
 from engine.executors.executor import Executor
 from engine.filters.filter import Filter
 from engine.model import Shareable
-from engine.paths import JobPaths, PathOutsideError
+from engine.paths import JobPaths
 from engine.runtime.assembly import (
     STREAMING_KEYS,
     ExecutorRoute,
     FilterChains,
-    FilterError,
     build_executors,
     prepare_components,
     route_task,

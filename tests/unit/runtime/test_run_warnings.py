@@ -12,8 +12,8 @@ from engine.model import FLModel, ParamsType
 from engine.persistors.pt_file import PTFileModelPersistor
 from engine.runtime.job_end import end_of_run_warnings
 from engine.runtime.progress import summary_table
+from engine.runtime.run_setup import error_tail
 from engine.runtime.run_warnings import run_warnings
-from engine.runtime.simulator import error_tail
 
 JOBS = Path(__file__).resolve().parents[3] / "jobs"
 SERVER = "jobs/fedavg/app/config/config_fed_server.conf"
@@ -61,6 +61,16 @@ def test_a_workflow_that_samples_a_fraction_is_not_said_to_sample_num_clients(fe
 
 def test_a_num_clients_left_out_is_the_workflows_default(fedavg) -> None:
     del fedavg.apps["app"].server.data["workflows"][0]["args"]["num_clients"]  # FedAvg's default is 2
+
+    warnings = run_warnings(fedavg, ["site-1", "site-2", "site-3"])
+
+    assert any("2 clients sampled per round, but the run has 3" in w for w in warnings), warnings
+
+
+def test_a_default_num_clients_reached_through_kwargs_is_the_parents(fedavg) -> None:
+    workflow = fedavg.apps["app"].server.data["workflows"][0]
+    workflow["path"] = "engine.workflows.FedOpt"  # its **fedavg_args take FedAvg's num_clients (default 2)
+    del workflow["args"]["num_clients"]
 
     warnings = run_warnings(fedavg, ["site-1", "site-2", "site-3"])
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.cells import CellSettings
-from engine.errors import SecurityError
-from engine.paths import PathOutsideError
+from engine.errors import PathOutsideError, SecurityError
 from engine.security import write_site_key_folders
 from engine.site import ScriptCredentials, SiteEndpoint, SiteSettings, cell_settings_of, insecure_requested
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.aggregators.folding import FoldingModelAggregator
-from engine.errors import StreamingError
+from engine.errors import ResultRefused, StreamingError
 from engine.model import FLModel
 from engine.streaming.folding import FoldingConsumer
 from engine.streaming.layout import StreamLayout
@@ -21,16 +21,19 @@ from .test_layout import mixed_tensors
 class Recorder:
     """A sink that rebuilds every tensor from the pieces it is handed (a test's view of what was folded)."""
 
-    def __init__(self, refuse_layout: bool = False) -> None:
+    def __init__(self, refuse_layout: bool = False, layout_bug: bool = False) -> None:
         self.layout: dict | None = None
         self.flat: dict[str, torch.Tensor] = {}
         self.got: dict[str, torch.Tensor] = {}
         self.pieces = 0
         self.refuse_layout = refuse_layout
+        self.layout_bug = layout_bug
 
     def check_layout(self, layout: dict) -> None:
         if self.refuse_layout:
-            raise ValueError("shape (3,), expected (2,)")
+            raise ResultRefused("shape (3,), expected (2,)")
+        if self.layout_bug:
+            raise ValueError("math domain error")  # a bug in the sink's check, not a refusal
         self.layout = dict(layout)
         self.flat = {name: torch.zeros(math.prod(shape), dtype=dtype) for name, (shape, dtype) in layout.items()}
 
@@ -70,6 +73,15 @@ def test_a_refused_layout_fails_before_any_chunk() -> None:
     layout = StreamLayout.of_tensors(tensors)
     with pytest.raises(StreamingError, match="shape"):
         FoldingConsumer(layout, 8, Recorder(refuse_layout=True))
+
+
+def test_a_bug_in_the_sink_goes_up_as_itself_not_as_a_refused_stream() -> None:
+    layout = StreamLayout.of_tensors({"w": torch.ones(3)})
+
+    with pytest.raises(ValueError, match="math domain error") as caught:
+        FoldingConsumer(layout, 8, Recorder(layout_bug=True))
+
+    assert not isinstance(caught.value, (StreamingError, ResultRefused))
 
 
 def test_pieces_go_on_as_chunks_land_and_a_tensor_completes_with_its_last_byte() -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.errors import StreamingError
+from engine.errors import DownloadRefused, StreamingError
 from engine.streaming.downloadable import FileDownloadable, TensorDownloadable
 from engine.streaming.layout import StreamLayout
 from engine.streaming.pull import ByteBudget
-from engine.streaming.transactions import DownloadRefused, DownloadRegistry
+from engine.streaming.transactions import DownloadRegistry
 
 
 class FakeClock:

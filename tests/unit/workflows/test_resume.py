@@ -18,9 +18,9 @@ from engine.controller.context import JobContext
 from engine.errors import CheckpointError
 from engine.model import FLModel, ParamsType, ReservedHeaderKey, ReturnCode
 from engine.model.convert import model_from_shareable, shareable_from_model
+from engine.model.scaffold_keys import C_DELTA_KEY, C_GLOBAL_KEY
 from engine.persistors import PTFileModelPersistor
 from engine.workflows import FedAvg, FedOpt, FullModelShareableGenerator, Scaffold, ScatterAndGather
-from engine.workflows.scaffold import C_DELTA_KEY, C_GLOBAL_KEY
 
 CLIENTS = ["site-1", "site-2", "site-3", "site-4"]
 ROUNDS = 6

@@ -18,7 +18,7 @@ import torch
 from engine.client import scaffold as client_scaffold
 from engine.controller import TaskQueue
 from engine.controller.context import JobContext
-from engine.model import FLModel, ParamsType, ReturnCode
+from engine.model import FLModel, ParamsType, ReturnCode, scaffold_keys
 from engine.model.convert import model_from_shareable, shareable_from_model
 from engine.persistors import ModelPersistor, PTFileModelPersistor
 from engine.workflows import FedAvg, Scaffold
@@ -178,9 +178,18 @@ def test_two_rounds_give_the_papers_control_variate_and_fedavgs_model(tmp_path: 
     assert final["bn.num_batches_tracked"] == 0
 
 
-def test_the_client_and_server_meta_keys_agree() -> None:
-    assert server_scaffold.C_GLOBAL_KEY == client_scaffold.C_GLOBAL_KEY
-    assert server_scaffold.C_DELTA_KEY == client_scaffold.C_DELTA_KEY
+def test_the_client_and_server_take_the_meta_keys_from_one_module() -> None:
+    engine_dir = Path(scaffold_keys.__file__).parents[1]
+
+    for key in (scaffold_keys.C_GLOBAL_KEY, scaffold_keys.C_DELTA_KEY):
+        assignment = re.compile(rf"^\s*\w+\s*(?::[^=]*)?=\s*[\"']{key}[\"']", re.MULTILINE)
+        defined_in = [p for p in sorted(engine_dir.rglob("*.py")) if assignment.search(p.read_text(encoding="utf-8"))]
+        assert defined_in == [Path(scaffold_keys.__file__)], key
+
+    assert (server_scaffold.C_GLOBAL_KEY, server_scaffold.C_DELTA_KEY) == (
+        client_scaffold.C_GLOBAL_KEY,
+        client_scaffold.C_DELTA_KEY,
+    )
 
 
 def _delta_with(**changes: Any) -> dict[str, Any]:

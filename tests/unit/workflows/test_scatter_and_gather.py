@@ -3,6 +3,7 @@ a refused result costs its site the round, never the job (whatever ``ignore_resu
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from engine.aggregators import DXOAggregator, ModelAggregatorAsDXO, NormClippingAggregator
 from engine.controller import TaskQueue
 from engine.controller.context import JobContext
+from engine.errors import WorkflowError
 from engine.model import DXO, DataKind, MetaKey, ReservedHeaderKey, ReturnCode
 from engine.persistors import PTFileModelPersistor
 from engine.workflows import FullModelShareableGenerator, ScatterAndGather
@@ -154,5 +156,13 @@ def test_a_clients_error_ends_the_job_unless_ignored(tmp_path: Path, ignore: boo
         assert errors == []
         assert torch.equal(persistor.load_model().params["fc.weight"], torch.full((3, 4), 3.0))
     else:  # the task was cancelled at the error: the job ends with it
-        assert len(errors) == 1 and "a client's result is an error" in str(errors[0])
-        assert "EXECUTION_EXCEPTION" in str(errors[0])
+        assert len(errors) == 1 and isinstance(errors[0], WorkflowError)
+        assert "a client's result is an error" in str(errors[0]) and "EXECUTION_EXCEPTION" in str(errors[0])
+
+
+def test_more_min_clients_than_the_job_has_ends_it_with_a_workflow_error(tmp_path: Path) -> None:
+    workflow = ScatterAndGather(min_clients=4, num_rounds=1)
+    workflow.bind(TaskQueue(CLIENTS), context=JobContext(workspace=tmp_path, components={}))
+
+    with pytest.raises(WorkflowError, match=r"^min_clients=4 but only 3 clients run the job$"):
+        workflow.round_clients(random.Random(0))

@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-from torch import nn
 
 from engine import client as flare
-from engine.examples.digits import Net, accuracy, load_split
+from engine.examples.digits import Net, accuracy, batch_order, load_split, train_locally
 from engine.model import FLModel, ParamsType
 
 
@@ -30,24 +29,18 @@ def main() -> None:
     flare.init()
     shard, num_shards = flare.get_site_index(), flare.get_num_sites()
     (train_x, train_y), (val_x, val_y) = load_split(shard, num_shards)
-    torch.manual_seed(shard)
     net = Net(hidden=64)
-    loss_fn = nn.CrossEntropyLoss()
 
     while flare.is_running():
-        if flare.receive(into=net) is None:  # every task is a training task under FedAvg
+        model = flare.receive(into=net)  # every task is a training task under FedAvg
+        if model is None:
             break
         received = {name: t.detach().clone() for name, t in net.state_dict().items()}
         global_accuracy = accuracy(net, val_x, val_y)
-        optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
-        net.train()
-        steps = 0
-        for _ in range(args.epochs):
-            for batch in torch.randperm(len(train_y)).split(args.batch_size):
-                optimizer.zero_grad()
-                loss_fn(net(train_x[batch]), train_y[batch]).backward()
-                optimizer.step()
-                steps += 1
+        steps = train_locally(
+            net, (train_x, train_y), epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+            order=batch_order(shard, model.current_round),
+        )  # fmt: skip
         local_accuracy = accuracy(net, val_x, val_y)
         flare.log("local_accuracy", local_accuracy)
         # trained - received, in the copy's memory: no third model

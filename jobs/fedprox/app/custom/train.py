@@ -10,12 +10,12 @@ sites, so the script runs at any site name.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
-from torch import nn
 
 from engine import client as flare
-from engine.examples.digits import Net, accuracy, load_split
+from engine.examples.digits import Net, accuracy, batch_order, load_split, train_locally
 from engine.model import FLModel
 
 
@@ -33,26 +33,19 @@ def main() -> None:
     flare.init()
     shard, num_shards = flare.get_site_index(), flare.get_num_sites()
     (train_x, train_y), (val_x, val_y) = load_split(shard, num_shards)
-    torch.manual_seed(shard)
     net = Net(hidden=64)
-    loss_fn = nn.CrossEntropyLoss()
 
     while flare.is_running():
-        if flare.receive(into=net) is None:  # every task is a training task under FedAvg
+        received = flare.receive(into=net)  # every task is a training task under FedAvg
+        if received is None:
             break
         global_params = {name: t.detach().clone() for name, t in net.state_dict().items()}  # what w stays near
         global_accuracy = accuracy(net, val_x, val_y)
-        optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
-        net.train()
-        steps = 0
-        for _ in range(args.epochs):
-            for batch in torch.randperm(len(train_y)).split(args.batch_size):
-                optimizer.zero_grad()
-                loss = loss_fn(net(train_x[batch]), train_y[batch])
-                loss = loss + flare.fedprox_loss(net, global_params, args.mu)
-                loss.backward()
-                optimizer.step()
-                steps += 1
+        steps = train_locally(
+            net, (train_x, train_y), epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+            order=batch_order(shard, received.current_round),
+            extra_loss=functools.partial(flare.fedprox_loss, net, global_params, args.mu),  # the proximal term
+        )  # fmt: skip
         local_accuracy = accuracy(net, val_x, val_y)
         flare.log("local_accuracy", local_accuracy)
         flare.send(

@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-from torch import nn
 
 from engine import client as flare
-from engine.examples.digits import Net, accuracy, load_split
+from engine.examples.digits import Net, accuracy, batch_order, load_split, train_locally
 from engine.model import FLModel
 
 
@@ -30,10 +29,8 @@ def main() -> None:
     flare.init()
     shard, num_shards = flare.get_site_index(), flare.get_num_sites()
     (train_x, train_y), (val_x, val_y) = load_split(shard, num_shards)
-    torch.manual_seed(shard)
     net = Net(hidden=64)
-    scaffold = flare.ScaffoldClient(net)
-    loss_fn = nn.CrossEntropyLoss()
+    scaffold = flare.ScaffoldClient(net)  # this site's c_i, kept in its saved state across rounds
 
     while flare.is_running():
         received = flare.receive(into=net)  # every task is a training task under Scaffold
@@ -41,16 +38,11 @@ def main() -> None:
             break
         scaffold.begin_round(received)  # the server's control variate and the weights received
         global_accuracy = accuracy(net, val_x, val_y)
-        optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
-        net.train()
-        steps = 0
-        for _ in range(args.epochs):
-            for batch in torch.randperm(len(train_y)).split(args.batch_size):
-                optimizer.zero_grad()
-                loss_fn(net(train_x[batch]), train_y[batch]).backward()
-                optimizer.step()
-                scaffold.correct(args.lr)
-                steps += 1
+        steps = train_locally(
+            net, (train_x, train_y), epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+            order=batch_order(shard, received.current_round),
+            after_step=lambda: scaffold.correct(args.lr),  # each step corrected by -lr * (c - c_i)
+        )  # fmt: skip
         local_accuracy = accuracy(net, val_x, val_y)
         flare.log("local_accuracy", local_accuracy)
         flare.send(
