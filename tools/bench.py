@@ -36,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,25 +220,14 @@ def _record(
 
 def run_poc_point(point: Point, keep: bool = False) -> dict[str, Any]:
     """The job in production mode on this machine: provision, start the daemons, submit, sample."""
-    from engine.deploy.poc.prepare import free_port_block
-    from engine.provision import load_project, provision
-
     root = Path(tempfile.mkdtemp(prefix="flengine-bench-poc-"))
     daemons: list[subprocess.Popen[str]] = []
     try:
         job = write_job(root / "job", point)
         sites = [f"site-{k}" for k in range(1, point.clients + 1)]
-        port = free_port_block(11)
-        listed = ", ".join(f"{{ name = {site}, org = org-{site} }}" for site in sites)
-        project = root / "project.conf"
-        project.write_text(
-            f"name = bench\nserver {{ host = 127.0.0.1, port = {port}, org = lab }}\nsites = [ {listed} ]\n"
-            "admins = [ { name = admin, org = lab, role = project_admin } ]\n",
-            encoding="utf-8",
-        )
-        provision(load_project(project), root / "kits")
-        for name, role in [("server", "server"), *((site, "client") for site in sites)]:
-            daemons.append(_start_daemon(root, name, role))
+        provision_project(root, sites)
+        for name, role in daemon_roles(sites):
+            daemons.append(start_daemon(root, name, role))
         peaks = Peaks()
         stop = threading.Event()
 
@@ -252,59 +241,136 @@ def run_poc_point(point: Point, keep: bool = False) -> dict[str, Any]:
             peaks.daemons[process.pid] = name
         sampler = threading.Thread(target=_sample, args=([p.pid for p in daemons], downloads, peaks, stop))
         sampler.start()
-        _wait_connected(root, sites)
-        started = time.monotonic()
-        job_id = _admin(root, "submit", str(job))["job_id"]
-        record = _admin(root, "status", job_id)
-        while not record["status"].startswith("FINISHED"):
-            time.sleep(0.5)
-            record = _admin(root, "status", job_id)
-        seconds = time.monotonic() - started
+        wait_connected(root, sites)
+        job_id, record, seconds = submit_and_wait(root, job)
         stop.set()
         sampler.join()
-        workspace = root / "server-ws" / "jobs" / job_id / "workspace"
+        workspace = job_workspace(root, job_id)
         outcome = json.loads((workspace / "server" / "result.json").read_text(encoding="utf-8"))
         holder = "site-1" if point.workflow == "swarm" else "server"
         correct, worst = check_model(workspace / holder / "models" / "global.safetensors", point)
         result = _record(point, record["status"], record.get("reason", ""), seconds, outcome["rounds"], peaks)
         return {**result, "correct": correct, "max_abs_error": worst}
     finally:
-        for process in reversed(daemons):
-            process.terminate()
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_daemons(daemons)
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _start_daemon(root: Path, name: str, role: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "engine", role, "start", str(root / "kits" / name), "--workspace"]
+# The production-mode pieces below are shared with tools/bench_link.py, which runs each daemon in
+# a network namespace of its own: ``prefix`` is what each command runs under (``ip netns exec NS``).
+
+
+def provision_project(root: Path, sites: list[str], host: str = "127.0.0.1", port: int | None = None) -> int:
+    """Write ``root/project.conf`` (server at ``host:port``, ``sites``, one admin), provision it into
+    ``root/kits``; return the port (default: a free block of 11 ports on 127.0.0.1, as POC takes)."""
+    from engine.deploy.poc.prepare import free_port_block
+    from engine.provision import load_project, provision
+
+    port = free_port_block(11) if port is None else port
+    listed = ", ".join(f"{{ name = {site}, org = org-{site} }}" for site in sites)
+    project = root / "project.conf"
+    project.write_text(
+        f"name = bench\nserver {{ host = {host}, port = {port}, org = lab }}\nsites = [ {listed} ]\n"
+        "admins = [ { name = admin, org = lab, role = project_admin } ]\n",
+        encoding="utf-8",
+    )
+    provision(load_project(project), root / "kits")
+    return port
+
+
+def daemon_roles(sites: list[str]) -> list[tuple[str, str]]:
+    """The daemons of a provisioned project, in start order: ``(name, role)``, the server first."""
+    return [("server", "server"), *((site, "client") for site in sites)]
+
+
+def start_daemon(
+    root: Path, name: str, role: str, prefix: Sequence[str] = (), kit_script: bool = False
+) -> subprocess.Popen[str]:
+    """Start the daemon of kit ``root/kits/name`` (workspace ``root/name-ws``); return once it says it started.
+
+    ``kit_script``: through the kit's own ``start.sh`` (as an operator starts it, ``FLENGINE`` set to
+    this interpreter's flengine) instead of ``python -m engine ROLE start KIT``.
+    """
+    kit, workspace = root / "kits" / name, root / f"{name}-ws"
+    env = None
+    if kit_script:
+        command = [str(kit / "start.sh"), "--workspace", str(workspace)]
+        env = {**os.environ, "FLENGINE": str(Path(sys.executable).parent / "flengine")}
+    else:
+        command = [sys.executable, "-m", "engine", role, "start", str(kit), "--workspace", str(workspace)]
     process = subprocess.Popen(
-        [*command, str(root / f"{name}-ws")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*prefix, *command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
     line = process.stdout.readline() if process.stdout else ""
     if "started" not in line:
+        process.kill()
+        process.wait()
         raise RuntimeError(f"{name} did not start: {line}")
     return process
 
 
-def _admin(root: Path, *args: str) -> Any:
+def stop_daemons(daemons: list[subprocess.Popen[str]], timeout_s: float = 60.0) -> None:
+    """Terminate the daemons, the last started first; kill one that is not gone within ``timeout_s``."""
+    for process in reversed(daemons):
+        process.terminate()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def admin(root: Path, *args: str, prefix: Sequence[str] = ()) -> Any:
+    """``flengine admin`` with the kit ``root/kits/admin``, ``--format json``; its parsed output."""
     command = [sys.executable, "-m", "engine", "admin", str(root / "kits" / "admin"), *args, "--format", "json"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run([*prefix, *command], capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"flengine admin {' '.join(args)}: {done.stderr.strip()}")
     return json.loads(done.stdout)
 
 
-def _wait_connected(root: Path, sites: list[str], timeout_s: float = 60.0) -> None:
+def wait_connected(root: Path, sites: list[str], timeout_s: float = 60.0, prefix: Sequence[str] = ()) -> None:
+    """Return once the server lists every site of ``sites`` as connected; RuntimeError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if all(entry["connected"] for entry in _admin(root, "clients") if entry["site"] in sites):
+        if all(entry["connected"] for entry in admin(root, "clients", prefix=prefix) if entry["site"] in sites):
             return
         time.sleep(0.5)
     raise RuntimeError(f"sites not connected within {timeout_s:g} s")
+
+
+def submit_and_wait(
+    root: Path,
+    job: Path,
+    prefix: Sequence[str] = (),
+    on_submitted: Callable[[str], None] | None = None,
+    poll_s: float = 0.5,
+    wake: threading.Event | None = None,
+) -> tuple[str, dict[str, Any], float]:
+    """Submit ``job``, ask its status every ``poll_s`` until final; return its id, final record and seconds.
+
+    ``on_submitted`` is called with the job id as soon as the server accepted the job. With
+    ``wake`` (say, set as the job's server logs ``job_done``) the status is first asked after
+    ``poll_s`` or once ``wake`` is set, and then without pause while it is set.
+    """
+    started = time.monotonic()
+    job_id = admin(root, "submit", str(job), prefix=prefix)["job_id"]
+    if on_submitted is not None:
+        on_submitted(job_id)
+    record = admin(root, "status", job_id, prefix=prefix) if wake is None else {"status": "SUBMITTED"}
+    while not record["status"].startswith("FINISHED"):
+        if wake is None:
+            time.sleep(poll_s)
+        elif wake.wait(poll_s):
+            time.sleep(0.1)
+        record = admin(root, "status", job_id, prefix=prefix)
+    return job_id, record, time.monotonic() - started
+
+
+def job_workspace(root: Path, job_id: str) -> Path:
+    """The workspace of job ``job_id`` run by the server daemon of ``root`` (server/, site-k/, summary.json)."""
+    return root / "server-ws" / "jobs" / job_id / "workspace"
 
 
 def write_job(folder: Path, point: Point) -> Path:
@@ -418,16 +484,23 @@ def total_delta(point: Point) -> float:
 
 def check_model(path: Path, point: Point) -> tuple[bool, float]:
     """Whether every parameter equals ``init`` plus `total_delta` within 1e-6; and the largest error."""
-    delta = total_delta(point)
     if not path.exists():
         return False, float("inf")
     worst = 0.0
+    for _, got, expected in model_pairs(path, point):
+        worst = max(worst, (got - expected).abs().max().item())
+    return worst <= 1e-6, worst
+
+
+def model_pairs(path: Path, point: Point) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Each parameter of the model file ``path`` as ``(name, got, expected)`` in float64, one at a
+    time (little memory): expected is BenchNet's ``init`` plus `total_delta`."""
+    delta = total_delta(point)
     with safe_open(str(path), framework="pt") as model:
         for index in range(benchnet.layer_count(point.size_mb)):
             for name, initial in zip(("weight", "bias"), benchnet.layer(index), strict=True):
-                got = model.get_tensor(f"layers.{index}.{name}").double()
-                worst = max(worst, (got - (initial.double() + delta)).abs().max().item())
-    return worst <= 1e-6, worst
+                key = f"layers.{index}.{name}"
+                yield key, model.get_tensor(key).double(), initial.double() + delta
 
 
 def _sample(

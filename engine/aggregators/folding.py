@@ -28,6 +28,7 @@ each holding only the stripes of the sum it touches (`engine.aggregators.striped
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -48,6 +49,7 @@ from engine.aggregators.striped_adds import StripedAdds
 from engine.aggregators.weighted import (
     RunningSum,
     WeightedAggregationHelper,
+    empty_running_sum,
     new_running_sum,
     release_values,
     resolve_value,
@@ -173,9 +175,8 @@ class ResultFold:
         name = self.name_of(item)
         if name not in self.expected:
             raise ResultRefused(f"result of {self.contributor}: {name!r} is not in the layout it announced")
-        if self._check_tensor is not None:
-            self._check_tensor(name, values)
-        self.owner._fold_piece(self, name, start, values)
+        check = None if self._check_tensor is None else functools.partial(self._check_tensor, name)
+        self.owner._fold_piece(self, name, start, values, check)
 
     def complete(self, item: str) -> None:
         """Every element of one param has been folded: it counts in the param's total weight."""
@@ -223,7 +224,8 @@ class FoldingModelAggregator(ModelAggregator):
         self._weigh_by_local_iter = weigh_by_local_iter
         self._max_local_steps = check_max_local_steps(max_local_steps)
         self._lock = threading.Lock()
-        self._adds = StripedAdds(self._lock)  # chunks of several results are added at once
+        self._adds = StripedAdds()  # chunks of several results are added at once
+        self._zeroed: dict[str, threading.Event] = {}  # a new sum's: set once zeroed (outside the lock)
         self._sums: dict[str, RunningSum] = {}
         self._metrics = WeightedAggregationHelper()
         self._open: dict[str, ResultFold] = {}
@@ -315,19 +317,36 @@ class FoldingModelAggregator(ModelAggregator):
             self._sums[name] = current
             fold.folded.add(name)
 
-    def _fold_piece(self, fold: ResultFold, name: str, start: int, values: torch.Tensor) -> None:
+    def _fold_piece(
+        self, fold: ResultFold, name: str, start: int, values: torch.Tensor, check: Callable[[Any], None] | None
+    ) -> None:
         with self._lock:
             if self._shut_for(fold):
                 raise ResultRefused(f"result of {fold.contributor}: the round's aggregation has closed")
             if name in fold.folded:
                 raise ResultRefused(f"result of {fold.contributor}: {name!r} arrived twice")
-            current = self._sum_for(fold, name)
+            new = name not in self._sums
+            current = self._sum_for(fold, name, zeroed=not new)
             flat = current.total.view(-1)
             if start < 0 or start + values.numel() > flat.numel():
                 raise ResultRefused(f"result of {fold.contributor}: elements past the end of {name!r}")
-            fold.touched = True
+            if new:
+                self._zeroed[name] = threading.Event()
+            zeroed = self._zeroed.get(name)
             stripes = self._adds.begin(name, flat.numel())
-        self._adds.add(stripes, flat, start, values, fold.weight)  # outside the lock: other results add meanwhile
+
+        def before() -> None:  # a model-sized sum is zeroed outside the lock: the other folds go on
+            if new:
+                flat.zero_()
+                zeroed.set()
+            elif zeroed is not None:
+                zeroed.wait()
+
+        def adding() -> None:  # a refusal before the first block leaves the sum as it was
+            fold.touched = True
+
+        # Outside the lock: other results add meanwhile. Each block is checked just before it is added.
+        self._adds.add(stripes, flat, start, values, fold.weight, check, adding, before)
 
     def _complete(self, fold: ResultFold, name: str) -> None:
         with self._lock:
@@ -342,12 +361,15 @@ class FoldingModelAggregator(ModelAggregator):
         """Whether ``fold`` may no longer add to the sum (held under the lock)."""
         return self._open.get(fold.contributor) is not fold or (self._closed and not fold.rebuilding)
 
-    def _sum_for(self, fold: ResultFold, name: str) -> RunningSum:
-        """The running sum of ``name`` (held under the lock); a zero one of the announced layout if it has none yet."""
+    def _sum_for(self, fold: ResultFold, name: str, zeroed: bool = True) -> RunningSum:
+        """The running sum of ``name`` (held under the lock); a zero one of the announced layout if it has none yet.
+
+        ``zeroed=False``: a new one is left for the caller to zero (outside the lock).
+        """
         current = self._sums.get(name)
         shape, dtype = fold.layout[name]
         if current is None:
-            current = self._sums[name] = zero_running_sum(shape, dtype)
+            current = self._sums[name] = (zero_running_sum if zeroed else empty_running_sum)(shape, dtype)
         elif current.kind != "tensor" or current.shape != shape:
             raise ResultRefused(f"result of {fold.contributor}: {name!r} does not fit the round's sum")
         return current
@@ -466,6 +488,7 @@ class FoldingModelAggregator(ModelAggregator):
                 self._adds.drain()
                 self._adds.reset()
                 self._sums, self._committed, self._tainted, self._open = {}, {}, {}, {}
+                self._zeroed = {}
                 self._metrics.reset_stats()
                 self._params_type = None
                 stopping = stop is not None and stop.is_set()
@@ -582,7 +605,7 @@ class FoldingModelAggregator(ModelAggregator):
         held = [*self._committed.values(), *self._open.values()]
         self._adds.drain()
         self._adds.reset()
-        self._sums = {}
+        self._sums, self._zeroed = {}, {}
         self._metrics.reset_stats()
         self._open = {}
         self._committed = {}

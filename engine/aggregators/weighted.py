@@ -178,8 +178,15 @@ new_running_sum = _new_sum
 
 def zero_running_sum(shape: tuple[int, ...], dtype: torch.dtype) -> _Sum:
     """A tensor sum of ``shape`` for inputs of ``dtype`` that is all zeros (weight 0), to add pieces into."""
+    current = empty_running_sum(shape, dtype)
+    current.total.zero_()
+    return current
+
+
+def empty_running_sum(shape: tuple[int, ...], dtype: torch.dtype) -> _Sum:
+    """`zero_running_sum` but not zeroed yet: its total holds whatever the memory held (zero it before use)."""
     current = _Sum("tensor", dtype, tuple(shape))
-    current.total = pooled_empty(shape, _sum_dtype_torch(dtype)).zero_()
+    current.total = pooled_empty(shape, _sum_dtype_torch(dtype))
     return current
 
 

@@ -23,7 +23,7 @@ from engine.cells.core import Dispatch
 from engine.cells.dispatch import InlineHandler, always_inline, run_handler
 from engine.cells.envelope import Envelope, encode_envelope
 from engine.cells.fqcn import check_fqcn
-from engine.cells.framing import frame_message
+from engine.cells.framing import frame_message, new_envelope
 from engine.cells.handlers import Handler, HandlerRegistry
 from engine.cells.io_thread import ForgetPeerCommand, IoThread
 from engine.cells.log_limit import REFUSALS
@@ -31,7 +31,7 @@ from engine.cells.message import Message
 from engine.cells.outbox import Outbox
 from engine.cells.pending import PendingRequests, ReplyFuture
 from engine.cells.pool import HandlerPool
-from engine.cells.protocol import HANDLER_GRACE_MAX_S, Kind, Status
+from engine.cells.protocol import HANDLER_GRACE_MAX_S, SETTLE_GRACE_S, Kind, Status
 from engine.cells.security import Allowlist, CellSecurity, name_owned_by
 from engine.cells.server_core import ServerCore
 from engine.cells.settings import CellSettings
@@ -105,7 +105,12 @@ class Cell:
             )
         self._security = security
         self._outbox = Outbox()
-        self._pool = HandlerPool(self._settings.handler_pool_size, self._fqcn, self._settings.handlers_per_peer or None)
+        self._pool = HandlerPool(
+            self._settings.handler_pool_size,
+            self._fqcn,
+            self._settings.handlers_per_peer or None,
+            on_result=self._outbox.put,  # a handler's reply, queued as its worker's last act
+        )
         self._io = IoThread(self._core, self._settings, self._outbox, self._dispatch, connect_to, security)
         self._state = _NEW
         self._state_lock = threading.Lock()
@@ -322,8 +327,10 @@ class Cell:
         try:
             reply = future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
+            # After fail() the future is done (failed now), or about to be: the I/O thread took
+            # its reply from the table a moment ago and is setting it.
             self._pending.fail(future.msg_id, Status.TIMEOUT, f"{self._fqcn}: no reply within {timeout_s:g} s")
-            reply = future.result(timeout=0)
+            reply = future.result(timeout=SETTLE_GRACE_S)
         return reply.raise_for_status()
 
     def request_async(
@@ -422,7 +429,7 @@ class Cell:
                 replies[target] = future.result(max(0.0, deadline_s - time.monotonic()))
             except concurrent.futures.TimeoutError:
                 self._pending.fail(future.msg_id, Status.TIMEOUT, f"{self._fqcn}: no reply within {timeout_s:g} s")
-                replies[target] = future.result(timeout=0)
+                replies[target] = future.result(timeout=SETTLE_GRACE_S)
         return replies
 
     # ----------------------------------------------------------------- internals
@@ -452,30 +459,20 @@ class Cell:
                 f"cell {self._fqcn!r} is not running; message to {target!r} "
                 f"(channel={channel!r}, topic={topic!r}) not sent"
             )
-        check_fqcn(target, "target")
-        for key, value in (("channel", channel), ("topic", topic)):
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"{key} must be a non-empty string, got {value!r}")
-        envelope = Envelope(
-            kind=kind,
-            msg_id=self._next_id(),
-            source=self._fqcn,
-            target=target,
-            channel=channel,
-            topic=topic,
-            timeout_ms=timeout_ms,
-            header=header if header is not None else {},
-        )
+        envelope = new_envelope(kind, self._next_id(), self._fqcn, target, channel, topic, header, timeout_ms)
         return envelope, frame_message(envelope, frames, self._settings.max_message_size_bytes)
 
     def _dispatch(self, action: Dispatch) -> None:
         """Called on the I/O thread: run an inline handler here, hand any other to the pool."""
         if isinstance(action.handler, InlineHandler):
             if action.handler.runs_inline(action.message):
-                self._run_handler(action)
+                reply = self._run_handler(action)
+                if reply is not None:
+                    self._io.send_now(*reply)
                 return
             action = Dispatch(action.handler.handler, action.message)
         peer = action.message.source.split(".", 1)[0]  # a site and its child cells share one share
+        # The reply the job returns goes to the outbox (the pool's on_result).
         if self._pool.submit(lambda: self._run_handler(action), peer, action.message.body_bytes):
             return
         if self._state != _RUNNING:
@@ -489,18 +486,12 @@ class Cell:
             answer = request.reply(self._next_id(), Status.ERROR, reason)
             self._io.send_now(answer, [encode_envelope(answer)])
 
-    def _run_handler(self, action: Dispatch) -> None:
-        """Runs on a pool thread (or inline on the I/O thread): call the handler, send its reply."""
-        reply = run_handler(
+    def _run_handler(self, action: Dispatch) -> tuple[Envelope, list[Any]] | None:
+        """Runs on a pool thread (or inline on the I/O thread): call the handler, return its reply to send."""
+        return run_handler(
             action.handler,
             action.message,
             next_id=self._next_id,
             limit_bytes=self._settings.max_message_size_bytes,
             count=self._core.count,
         )
-        if reply is None:
-            return
-        if self._io.is_current_thread():
-            self._io.send_now(*reply)
-        else:
-            self._outbox.put(reply)

@@ -247,7 +247,7 @@ class CellCore(abc.ABC):
 
     def _deliver(self, envelope: Envelope, frames: Sequence[Any], now_s: float) -> list[Action]:
         """Hand a message for this cell to its pending request or its handler."""
-        body = tuple(memoryview(f) for f in frames[1:])
+        body = tuple(map(memoryview, frames[1:])) if len(frames) > 1 else ()
         if envelope.kind is Kind.REPLY:
             if not self._pending.resolve(Message(envelope, body)):
                 self.count("late_replies")
@@ -291,7 +291,7 @@ class CellCore(abc.ABC):
     def _size_problem(self, envelope: Envelope, frames: Sequence[Any]) -> str:
         """Return why a received message is too large, or an empty string."""
         limit = self._settings.max_message_size_bytes
-        size = sum(memoryview(f).nbytes for f in frames)
+        size = sum([memoryview(f).nbytes for f in frames]) if len(frames) > 1 else memoryview(frames[0]).nbytes
         if size <= limit:
             return ""
         self.count("too_large")

@@ -42,30 +42,38 @@ def run_handler(
     """
     request = message.envelope
     me = request.target
-    where = f"channel={request.channel!r} topic={request.topic!r}"
     try:
         result = handler(message)
     except Exception as e:
         count("handler_errors")
+        where = _where(request)
         logger.exception("handler raised: cell=%s %s from=%s", me, where, request.source)
         result = Reply(status=Status.ERROR, reason=f"{me}: handler for {where} raised {type(e).__name__}: {e}")
     if request.kind is not Kind.REQUEST:
         return None
     if result is None:
-        result = Reply()
+        result = _EMPTY_REPLY
     elif not isinstance(result, Reply) or result.status not in WIRE_STATUSES:
         result = Reply(
             status=Status.ERROR,
-            reason=f"{me}: handler for {where} returned {result!r}; return a Reply (status ok, error, "
+            reason=f"{me}: handler for {_where(request)} returned {result!r}; return a Reply (status ok, error, "
             "timeout or unreachable) or None",
         )
     answer = request.reply(next_id(), result.status, result.reason, result.header)
     try:
         return answer, frame_message(answer, result.frames, limit_bytes)
     except (ValueError, CellMessageTooLargeError) as e:
+        where = _where(request)
         logger.error("handler reply refused: cell=%s %s error=%s", me, where, e)
         failure = request.reply(next_id(), Status.ERROR, f"{me}: reply of handler for {where} refused: {e}")
         return failure, [encode_envelope(failure)]
+
+
+_EMPTY_REPLY = Reply()  # what a handler returning None answers (read only)
+
+
+def _where(request: Envelope) -> str:
+    return f"channel={request.channel!r} topic={request.topic!r}"
 
 
 class InlineHandler:

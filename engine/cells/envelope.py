@@ -11,6 +11,7 @@ Layout (index: field)::
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -29,6 +30,7 @@ _STATUSES = {s.value: s for s in WIRE_STATUSES}
 # message too broken to parse has nobody to name.
 _ANONYMOUS_TARGET_KINDS = frozenset({Kind.REPLY, Kind.HELLO, Kind.BYE})
 _NO_HEADER: Mapping[str, Any] = MappingProxyType({})
+_packers = threading.local()
 
 
 class Envelope(NamedTuple):
@@ -84,17 +86,18 @@ class Envelope(NamedTuple):
         Returns:
             A REPLY addressed to this envelope's source, echoing its channel and topic.
         """
-        return Envelope(
-            kind=Kind.REPLY,
-            msg_id=msg_id,
-            source=self.target if source is None else source,
-            target=self.source,
-            channel=self.channel,
-            topic=self.topic,
-            reply_to=self.msg_id,
-            status=status,
-            reason=reason,
-            header=header if header is not None else _NO_HEADER,
+        return Envelope(  # positional: one is made per request answered
+            Kind.REPLY,
+            msg_id,
+            self.target if source is None else source,
+            self.source,
+            self.channel,
+            self.topic,
+            self.msg_id,
+            status,
+            reason,
+            0,
+            header if header is not None else _NO_HEADER,
         )
 
 
@@ -110,24 +113,14 @@ def encode_envelope(envelope: Envelope) -> bytes:
     Raises:
         ValueError: If the user header cannot be serialized, naming the offending type.
     """
+    packer: msgpack.Packer | None = getattr(_packers, "packer", None)
+    if packer is None:  # a Packer holds a buffer: one per thread
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    header = envelope.header
     try:
-        return msgpack.packb(
-            [
-                PROTOCOL_VERSION,
-                int(envelope.kind),
-                envelope.msg_id,
-                envelope.source,
-                envelope.target,
-                envelope.channel,
-                envelope.topic,
-                envelope.reply_to,
-                envelope.status.value,
-                envelope.reason,
-                envelope.timeout_ms,
-                dict(envelope.header),
-            ],
-            use_bin_type=True,
-        )
+        # The envelope's fields are in wire order after the version; its enums pack as their
+        # int and str values (IntEnum and str Enum are int and str to msgpack).
+        return packer.pack((PROTOCOL_VERSION, *envelope[:10], header if type(header) is dict else dict(header)))
     except (TypeError, ValueError, OverflowError) as e:
         raise ValueError(
             f"header of message to {envelope.target!r} (channel={envelope.channel!r}, "

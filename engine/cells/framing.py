@@ -2,11 +2,49 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.cells.envelope import Envelope, encode_envelope
+from engine.cells.fqcn import check_fqcn
+from engine.cells.protocol import Kind, Status
 from engine.errors import CellMessageTooLargeError
+
+
+def new_envelope(
+    kind: Kind,
+    msg_id: int,
+    source: str,
+    target: str,
+    channel: str,
+    topic: str,
+    header: Mapping[str, Any] | None,
+    timeout_ms: int = 0,
+) -> Envelope:
+    """The envelope of a message this cell makes, its target, channel and topic checked.
+
+    Raises:
+        ValueError: If the target is not a cell name, or the channel or topic not a non-empty string.
+    """
+    check_fqcn(target, "target")
+    if not (channel and topic and isinstance(channel, str) and isinstance(topic, str)):
+        for key, value in (("channel", channel), ("topic", topic)):
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{key} must be a non-empty string, got {value!r}")
+    # Positional: one is made per message.
+    return Envelope(
+        kind,
+        msg_id,
+        source,
+        target,
+        channel,
+        topic,
+        None,
+        Status.OK,
+        "",
+        timeout_ms,
+        header if header is not None else {},
+    )
 
 
 def frame_message(envelope: Envelope, frames: Sequence[Any], limit_bytes: int) -> list[Any]:

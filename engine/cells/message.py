@@ -87,7 +87,8 @@ class Message:
     @property
     def body_bytes(self) -> int:
         """Total size of the body frames, in bytes."""
-        return sum(f.nbytes for f in self.frames)
+        frames = self.frames
+        return sum([f.nbytes for f in frames]) if frames else 0
 
     @property
     def ok(self) -> bool:

@@ -7,12 +7,12 @@ entry is resolved exactly once: whoever pops it from the table sets its future.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
+from typing import NamedTuple
 
 from engine.cells.envelope import Envelope
 from engine.cells.message import Message
@@ -35,8 +35,7 @@ class ReplyFuture(Future[Message]):
         self.msg_id = msg_id
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PendingRequest:
+class PendingRequest(NamedTuple):
     """One request awaiting its reply.
 
     Attributes:
@@ -159,9 +158,15 @@ class PendingRequests:
         return len(expired)
 
     def next_deadline_s(self) -> float | None:
-        """Return the earliest deadline still queued (possibly of a resolved entry), or None."""
-        with self._lock:
-            return self._deadlines[0][0] if self._deadlines else None
+        """Return the earliest deadline still queued (possibly of a resolved entry), or None.
+
+        Read without the lock (the I/O thread asks every turn): the heap's first entry is read
+        in one step, and the list is only ever pushed to, popped from or replaced whole.
+        """
+        try:
+            return self._deadlines[0][0]
+        except IndexError:
+            return None
 
     def _failure(self, entry: PendingRequest, status: Status, reason: str) -> Message:
         envelope = Envelope(

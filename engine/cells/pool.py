@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,9 @@ class HandlerPool:
         queued_per_peer: Jobs one peer may have waiting.
         queued_bytes_per_peer: Bytes one peer's waiting jobs may hold (the ``size`` given to
             `submit`); a job is let in past it only when the peer has none waiting.
+        on_result: Called on the worker with what a job returned, when not None, as the last
+            thing before the worker sleeps or takes its next job (a cell queues the handler's
+            reply there: the I/O thread it wakes then finds the GIL free).
     """
 
     def __init__(
@@ -48,15 +52,18 @@ class HandlerPool:
         per_peer_limit: int | None = None,
         queued_per_peer: int = DEFAULT_QUEUED_PER_PEER,
         queued_bytes_per_peer: int = DEFAULT_QUEUED_BYTES_PER_PEER,
+        on_result: Callable[[Any], object] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"handler pool size must be >= 1, got {size}")
         self.per_peer_limit = per_peer_limit if per_peer_limit is not None else max(1, size // 2)
         self._queued_per_peer = queued_per_peer
         self._queued_bytes_per_peer = queued_bytes_per_peer
-        self._queues: dict[str, collections.deque[tuple[Callable[[], None], int]]] = {}
-        self._queued_bytes: collections.Counter[str] = collections.Counter()
-        self._running: collections.Counter[str] = collections.Counter()
+        self._on_result = on_result
+        self._queues: dict[str, collections.deque[tuple[Callable[[], Any], int]]] = {}
+        # Plain dicts, not Counters: a Counter's missing key is a Python-level call, per job.
+        self._queued_bytes: dict[str, int] = {}
+        self._running: dict[str, int] = {}
         self._turns: collections.deque[str] = collections.deque()  # peers with work, in turn
         self._condition = threading.Condition()
         self._threads = [
@@ -72,7 +79,7 @@ class HandlerPool:
             for thread in self._threads:
                 thread.start()
 
-    def submit(self, job: Callable[[], None], peer: str = "", size: int = 0) -> bool:
+    def submit(self, job: Callable[[], Any], peer: str = "", size: int = 0) -> bool:
         """Queue a job of ``peer`` that holds ``size`` bytes; return False (and drop it) when
         stopping or the peer's queue is full (by count, or by bytes while it holds any job)."""
         with self._condition:
@@ -81,10 +88,11 @@ class HandlerPool:
             waiting = self._queues.setdefault(peer, collections.deque())
             if len(waiting) >= self._queued_per_peer:
                 return False
-            if waiting and self._queued_bytes[peer] + size > self._queued_bytes_per_peer:
+            queued_bytes = self._queued_bytes.get(peer, 0)
+            if waiting and queued_bytes + size > self._queued_bytes_per_peer:
                 return False
             waiting.append((job, size))
-            self._queued_bytes[peer] += size
+            self._queued_bytes[peer] = queued_bytes + size
             if peer not in self._turns:
                 self._turns.append(peer)
             self._condition.notify()
@@ -93,7 +101,7 @@ class HandlerPool:
     def running(self, peer: str) -> int:
         """Handlers of ``peer`` running now."""
         with self._condition:
-            return self._running[peer]
+            return self._running.get(peer, 0)
 
     def stop(self, deadline_s: float) -> int:
         """Stop taking jobs, let the workers finish, and wait until ``deadline_s`` at most.
@@ -133,39 +141,70 @@ class HandlerPool:
             if not waiting:
                 self._queues.pop(peer, None)
                 continue
-            if self._running[peer] >= self.per_peer_limit:
+            running = self._running.get(peer, 0)
+            if running >= self.per_peer_limit:
                 self._turns.append(peer)  # its turn comes again when one of its handlers ends
                 continue
             job, size = waiting.popleft()
-            self._queued_bytes[peer] -= size
-            if not self._queued_bytes[peer]:
-                del self._queued_bytes[peer]
+            queued_bytes = self._queued_bytes.get(peer, 0) - size
+            if queued_bytes:
+                self._queued_bytes[peer] = queued_bytes
+            else:
+                self._queued_bytes.pop(peer, None)
             if waiting:
                 self._turns.append(peer)
             else:
                 del self._queues[peer]
-            self._running[peer] += 1
+            self._running[peer] = running + 1
             return peer, job
         return None
 
     def _work(self) -> None:
+        finished: str | None = None  # the peer whose job this worker just ran
+        result: Any = None  # what that job returned, for on_result
         while True:
+            picked = None
             with self._condition:
-                while True:
-                    if self._stopped:
-                        return
+                if finished is not None:
+                    running = self._running[finished] - 1
+                    if running:
+                        self._running[finished] = running
+                    else:
+                        del self._running[finished]
+                    if finished in self._queues:
+                        # Its queue was held back by its limit: a job is runnable again. This
+                        # worker takes the first runnable job below; wake another for the rest.
+                        # With nothing queued, no other worker is woken: a wake-up that finds no
+                        # work costs two context switches (and the GIL) on every request.
+                        self._condition.notify()
+                    finished = None
+                stopped = self._stopped
+                while not stopped:
                     picked = self._next()
-                    if picked is not None:
-                        break
+                    if picked is not None or result is not None:
+                        break  # a result is handed over before sleeping, outside the lock
                     self._condition.wait()
-            peer, job = picked
+                    stopped = self._stopped
+            if result is not None:
+                # Last before the next job or sleep (the loop comes back to sleep at once): the
+                # I/O thread woken by the hand-over then finds the GIL free soon. Also at stop:
+                # a reply computed before it still goes out.
+                self._hand_over(result)
+                result = None
+            if stopped:
+                return
+            if picked is None:
+                continue
+            finished, job = picked
             try:
-                job()
+                result = job()
             except Exception:  # a job reports its own errors; this is the last guard
                 logger.exception("handler job failed")
-            finally:
-                with self._condition:
-                    self._running[peer] -= 1
-                    if not self._running[peer]:
-                        del self._running[peer]
-                    self._condition.notify()
+
+    def _hand_over(self, result: Any) -> None:
+        """Pass a job's result to ``on_result`` (errors are logged, never raised)."""
+        if self._on_result is not None:
+            try:
+                self._on_result(result)
+            except Exception:
+                logger.exception("handler result not handed over")

@@ -41,6 +41,10 @@ MAX_POLL_WAIT_S = 0.5
 CLOSE_LINGER_MAX_S = 1.0
 """Cap, in seconds, on how long closing a socket may wait to flush queued messages."""
 
+SETTLE_GRACE_S = 1.0
+"""How long a request that timed out waits for a reply another thread took from the table just
+before (and is setting on its future) instead of failing it: a moment, in practice."""
+
 HANDLER_GRACE_MAX_S = 1.0
 """Cap, in seconds, on how long stopping a cell waits for running handlers before it closes
 its sockets (at most half of the stop's own bound), so that their replies still go out."""

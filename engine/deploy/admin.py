@@ -30,8 +30,10 @@ from engine.site import SiteEndpoint, SiteSettings
 from engine.text import printable
 
 #: Seconds an admin session waits for the server to accept its connection (its handshake and
-#: registration), once its port answered (`engine.deploy.reach`: a dead server fails at once).
-CONNECT_TIMEOUT_S = 10.0
+#: registration), once its port answered (`engine.deploy.reach`: a dead server fails at once, a
+#: refused kit within `REFUSAL_CHECK_S`). Only a server that takes the connection and never
+#: answers waits this long; 10 s was too short for a server on a host whose cores were all busy.
+CONNECT_TIMEOUT_S = 30.0
 #: Seconds between two looks at whether the server refused the session's handshake while it waits.
 REFUSAL_CHECK_S = 0.05
 #: Seconds a command may take (a submit downloads the job; an abort waits for the job to stop).

@@ -71,6 +71,7 @@ class ClientDaemon:
         self.audit = AuditLog(self.workspace / "audit.log")
         self.stopped = threading.Event()
         self._lock = threading.Lock()
+        self._stopping = threading.Lock()  # one `stop` at a time
         self._jobs: dict[str, JobProcess] = {}
         self._prepared: dict[str, list[str]] = {}  # job id -> its process's args, until the server says start
         self._aborted: collections.deque[str] = collections.deque(maxlen=1024)  # aborted before they arrived
@@ -113,19 +114,20 @@ class ClientDaemon:
         self.stopped.wait()
 
     def stop(self, reason: str = "the client stopped") -> None:
-        """Stop every job process of this site, then the cell (safe to call twice)."""
-        self.stopped.set()
-        with self._lock:
-            jobs = list(self._jobs.items())
-        for job_id, process in jobs:
-            log.info("stopping job %s: %s", job_id, reason)
-            process.stop()
-        if self._status_thread is not None:
-            self._status_thread.join(5.0)
-        if self._endpoint is not None:
-            self.audit.record(self.kit.identity, "stop", "ok", reason=reason)
-            self._endpoint.close()
-            self._endpoint = None
+        """Stop every job process of this site, then the cell (safe to call twice, from two threads at once)."""
+        with self._stopping:
+            self.stopped.set()
+            with self._lock:
+                jobs = list(self._jobs.items())
+            for job_id, process in jobs:
+                log.info("stopping job %s: %s", job_id, reason)
+                process.stop()
+            if self._status_thread is not None and self._status_thread is not threading.current_thread():
+                self._status_thread.join(5.0)
+            if self._endpoint is not None:
+                self.audit.record(self.kit.identity, "stop", "ok", reason=reason)
+                self._endpoint.close()
+                self._endpoint = None
 
     def running_jobs(self) -> list[str]:
         """Ids of the jobs whose process runs on this site."""

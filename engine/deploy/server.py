@@ -105,6 +105,7 @@ class ServerDaemon:
         self.audit = AuditLog(self.workspace / "audit.log")
         self.stopped = threading.Event()
         self._lock = threading.Lock()
+        self._stopping = threading.Lock()  # one `stop` at a time
         self._seen: dict[str, float] = {}  # site -> last status, monotonic
         self._running: dict[str, RunningJob] = {}
         self._waiting: dict[str, str] = {}  # job id -> why it waits
@@ -157,27 +158,31 @@ class ServerDaemon:
     def stop(self, reason: str = "the server stopped") -> None:
         """Stop every running job's server process, then close the cell (safe to call twice).
 
-        The jobs stay RUNNING in the store: they resume when the server starts again.
+        The jobs stay RUNNING in the store: they resume when the server starts again. Two
+        threads may call it at once (``admin shutdown``'s timer, and the main thread it wakes):
+        the second waits for the first and returns.
         """
-        if self._endpoint is None:
-            return
-        self.stopped.set()
-        with self._lock:
-            running = list(self._running.values())
-        for job in running:
-            log.info(
-                "job %s stopped with the server (%s); it resumes when the server starts again",
-                job.record.job_id,
-                reason,
-            )
-            if job.process is not None:
-                job.process.stop()
-        for thread in self._threads:
-            thread.join(5.0)
-        self.audit.record("server", "stop", "ok", reason=reason)
-        self._endpoint.close()
-        self._endpoint = None
-        log.info("server stopped: %s", reason)
+        with self._stopping:
+            if self._endpoint is None:
+                return
+            self.stopped.set()
+            with self._lock:
+                running = list(self._running.values())
+            for job in running:
+                log.info(
+                    "job %s stopped with the server (%s); it resumes when the server starts again",
+                    job.record.job_id,
+                    reason,
+                )
+                if job.process is not None:
+                    job.process.stop()
+            for thread in self._threads:
+                if thread is not threading.current_thread():
+                    thread.join(5.0)
+            self.audit.record("server", "stop", "ok", reason=reason)
+            self._endpoint.close()
+            self._endpoint = None
+            log.info("server stopped: %s", reason)
 
     # ----------------------------------------------------------------- sites
 

@@ -36,6 +36,8 @@ class ExcludeVars(Filter):
             ]
     """
 
+    same_for_every_site = True
+
     def __init__(self, exclude_vars: list[str] | str) -> None:
         if isinstance(exclude_vars, str):
             try:

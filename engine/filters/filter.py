@@ -24,6 +24,11 @@ class Filter(ABC):
                     return shareable
     """
 
+    #: True when `process` gives the same result whatever the site (it ignores ``site`` and
+    #: draws nothing at random): the server then filters a task once and serves one download
+    #: to all its clients, instead of filtering and encoding it once per client.
+    same_for_every_site: bool = False
+
     @abstractmethod
     def process(self, shareable: Shareable, site: str) -> Shareable:
         """Return ``shareable`` filtered.

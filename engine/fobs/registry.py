@@ -115,6 +115,10 @@ class Registry:
             "(register one with engine.fobs.register(), or send plain dicts and lists)"
         )
 
+    def wire_names(self) -> set[str]:
+        """The wire names registered."""
+        return set(self._by_name)
+
     def for_name(self, name: str) -> Decomposer[Any]:
         """Return the decomposer registered under wire name ``name``.
 

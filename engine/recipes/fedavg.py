@@ -6,9 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.recipes import checks
-from engine.recipes.recipe import PERSISTOR_ID, Recipe
+from engine.recipes.recipe import PERSISTOR_ID, QUANTIZE_MODES, Recipe
 
 AGGREGATOR_ID = "aggregator"
+#: The filter that quantizes a model on its way out (``quantize``).
+QUANTIZE_FILTER = "engine.filters.Quantize"
 #: FedOpt's server optimizers (``engine.workflows.FedOpt``'s ``server_optimizer``).
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
 
@@ -25,6 +27,9 @@ class FedAvgRecipe(Recipe):
         sample_fraction: Sample this fraction of the clients each round, in (0, 1].
         sample_seed: Seed of that sampling (the same clients again on a rerun).
         metric_ranges: Metric -> ``[low, high]``; a site's value outside is dropped.
+        quantize: ``"fp16"``, ``"bf16"`` or ``"int8"``: the global model and the clients' results
+            cross the network quantized (``engine.filters.Quantize`` on the server's task data
+            and the clients' results); None sends them exactly.
         workflow_args: Any other arg of ``engine.workflows.FedAvg`` by its name (``train_timeout``,
             ``min_clients``, ``aggregation_weights`` ...), checked against its signature by the
             validation at export.
@@ -48,10 +53,15 @@ class FedAvgRecipe(Recipe):
         sample_fraction: float | None = None,
         sample_seed: int | None = None,
         metric_ranges: Mapping[str, Any] | None = None,
+        quantize: str | None = None,
         workflow_args: Mapping[str, Any] | None = None,
         **common: Any,
     ) -> None:
         super().__init__(**common)
+        if quantize is not None:
+            mode = {"mode": checks.choice("quantize", quantize, QUANTIZE_MODES)}
+            self.add_server_filter(QUANTIZE_FILTER, mode, kind="task_data")
+            self.add_client_filter(QUANTIZE_FILTER, mode, kind="task_result")
         self.aggregator = None if aggregator is None else checks.component("aggregator", aggregator)
         self.download_to_disk = checks.boolean("download_to_disk", download_to_disk)
         self.sample_fraction = (

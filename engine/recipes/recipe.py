@@ -38,6 +38,8 @@ SERVER_CONFIG = "app/config/config_fed_server.conf"
 CLIENT_CONFIG = "app/config/config_fed_client.conf"
 META = "meta.conf"
 PERSISTOR_ID = "persistor"
+#: The ``quantize`` arguments of the recipes: `engine.filters.Quantize`'s modes (tests check they match).
+QUANTIZE_MODES = ("fp16", "bf16", "int8")
 _FILTER_KINDS = ("task_data", "task_result")
 
 

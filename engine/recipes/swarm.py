@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.recipes import checks
-from engine.recipes.recipe import PERSISTOR_ID, Recipe
+from engine.recipes.recipe import PERSISTOR_ID, QUANTIZE_MODES, Recipe
 
 AGGREGATOR_ID = "aggregator"
 SHAREABLE_GENERATOR_ID = "shareable_generator"
@@ -44,6 +44,8 @@ class SwarmRecipe(Recipe):
             ``engine.aggregators.DXOAggregator`` of WEIGHTS by default.
         download_to_disk: A client receives models on disk and aggregates one tensor at a time.
         metric_ranges: Metric -> ``[low, high]``; a trainer's value outside is dropped.
+        quantize: ``"fp16"``, ``"bf16"`` or ``"int8"``: round models and results cross the
+            network quantized (the executor's ``quantize``); None sends them exactly.
         min_responses_required: Results a round needs; every client (``num_clients``) by default.
         server_args: Other args of ``engine.workflows.ccwf.SwarmServerController``
             (``start_task_timeout``, ``progress_timeout``, ``aggr_clients``, ``train_clients``, ...).
@@ -60,6 +62,7 @@ class SwarmRecipe(Recipe):
         aggregator: str | Mapping[str, Any] | None = None,
         download_to_disk: bool = False,
         metric_ranges: Mapping[str, Any] | None = None,
+        quantize: str | None = None,
         min_responses_required: int | None = None,
         server_args: Mapping[str, Any] | None = None,
         client_args: Mapping[str, Any] | None = None,
@@ -69,6 +72,7 @@ class SwarmRecipe(Recipe):
         self.aggregator = DEFAULT_AGGREGATOR if aggregator is None else checks.component("aggregator", aggregator)
         self.download_to_disk = checks.boolean("download_to_disk", download_to_disk)
         self.metric_ranges = checks.metric_ranges("metric_ranges", metric_ranges)
+        self.quantize = None if quantize is None else checks.choice("quantize", quantize, QUANTIZE_MODES)
         self.min_responses_required = (
             self.num_clients
             if min_responses_required is None
@@ -84,6 +88,7 @@ class SwarmRecipe(Recipe):
             "aggregator_id": "aggregator",
             "download_to_disk": "download_to_disk",
             "metric_ranges": "metric_ranges",
+            "quantize": "quantize",
             "min_responses_required": "min_responses_required",
         }
         checks.no_overlap("client_args", self.client_args, owned)
@@ -107,6 +112,8 @@ class SwarmRecipe(Recipe):
         }
         if self.metric_ranges is not None:
             args["metric_ranges"] = self.metric_ranges
+        if self.quantize is not None:
+            args["quantize"] = self.quantize
         args.update(self.client_args)
         return {"tasks": ["swarm_*"], "executor": {"path": "engine.executors.ccwf.SwarmClientController", "args": args}}
 

@@ -130,6 +130,15 @@ class FilterChains:
     def __bool__(self) -> bool:
         return any(filters for _, filters in self.chains)
 
+    def same_for_every_site(self, task_name: str) -> bool:
+        """Whether every filter that applies to ``task_name`` says it ignores the site (see `Filter`)."""
+        return all(
+            getattr(item, "same_for_every_site", False) is True
+            for patterns, filters in self.chains
+            if any(fnmatch.fnmatchcase(task_name, p) for p in patterns)
+            for item in filters
+        )
+
     def apply(self, task_name: str, shareable: Shareable, site: str) -> Shareable:
         """Run every filter whose chain names ``task_name``; raise `FilterError` naming a failing one."""
         for patterns, filters in self.chains:

@@ -350,9 +350,11 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
         return Reply(header=header, frames=frames)
 
     def _task_frames_for(self, assignment: Any, site: str) -> list[Any]:
-        """The task's frames: encoded once per task (one downloadable for all its clients)."""
-        if self._data_filters:
-            data = self._data_filters.apply(assignment.task_name, _private_copy(assignment.data), site)
+        """The task's frames: encoded once per task (one downloadable for all its clients), or
+        once per client when a data filter may make each client's different."""
+        filters = self._data_filters
+        if filters and not filters.same_for_every_site(assignment.task_name):
+            data = filters.apply(assignment.task_name, _private_copy(assignment.data), site)
             offers: list[str] = []
             frames = self.codec.encode(data, receivers=[site], offers=offers)
             with self._lock:
@@ -368,7 +370,10 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
             if entry is None:
                 receivers = list(task.targets) if task.targets else list(self.clients)
                 offers = []
-                entry = (task, self.codec.encode(assignment.data, receivers=receivers, offers=offers))
+                data = assignment.data
+                if filters:  # filters that ignore the site: once for every client
+                    data = filters.apply(assignment.task_name, _private_copy(data), site)
+                entry = (task, self.codec.encode(data, receivers=receivers, offers=offers))
                 self._task_frames[id(task)] = entry
                 self._offers_of_task[id(task)] = offers
             self._task_offers[assignment.task_id] = self._offers_of_task.get(id(task), [])

@@ -12,7 +12,7 @@ import bisect
 import math
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,19 @@ class ChunkConsumer(ABC):
             start += piece.nbytes
         self._received.add(index)
 
+    def write_at(self, offset: int, piece: memoryview) -> None:
+        """Put ``piece`` at byte ``offset`` of the stream, outside the chunk bookkeeping.
+
+        For a consumer that wraps this one and keeps the chunks of its own stream (a quantized
+        stream's `engine.streaming.dequantize.DequantizingConsumer`); it calls `mark_all_taken`
+        once every byte is written.
+        """
+        self._write(offset, piece)
+
+    def mark_all_taken(self) -> None:
+        """Count every chunk as taken (the wrapping consumer wrote all the bytes with `write_at`)."""
+        self._received = set(range(self.chunk_count))
+
     @property
     def complete(self) -> bool:
         """Whether every chunk has been taken."""
@@ -108,6 +121,32 @@ class StreamConsumer(ChunkConsumer):
     def __init__(self, layout: StreamLayout, chunk_bytes: int) -> None:
         super().__init__(layout.total_bytes, chunk_bytes)
         self.layout = layout
+        self._ends = [entry.end for entry in layout.entries]
+
+    def _entry_parts(self, offset: int, piece: memoryview) -> Iterator[tuple[int, int, memoryview]]:
+        """``(entry index, offset in the entry, bytes)`` of each entry ``piece`` (at stream ``offset``) covers.
+
+        The part of the piece that falls in the stream's header must be the header announced.
+
+        Raises:
+            StreamingError: It is not.
+        """
+        data_offset = offset - self.layout.data_start
+        if data_offset < 0:  # the header part: already known from the reference, so it must match
+            header_part = self.layout.header[offset : offset + piece.nbytes]
+            if piece[: len(header_part)] != header_part:
+                raise StreamingError("the streamed header differs from the one announced")
+            piece, data_offset = piece[len(header_part) :], 0
+        position = 0
+        index = bisect.bisect_right(self._ends, data_offset)
+        while position < piece.nbytes:
+            entry = self.layout.entries[index]
+            begin = data_offset + position - entry.begin
+            count = min(entry.nbytes - begin, piece.nbytes - position)
+            if count:
+                yield index, begin, piece[position : position + count]
+            position += count
+            index += 1
 
 
 class MemoryConsumer(StreamConsumer):
@@ -150,25 +189,10 @@ class MemoryConsumer(StreamConsumer):
                 new_memory.append(tensor)
         populate_in_background(new_memory)
         self._targets = [byte_view(self._tensors[entry.name]) for entry in layout.entries]
-        self._ends = [entry.end for entry in layout.entries]
 
     def _write(self, offset: int, piece: memoryview) -> None:
-        data_offset = offset - self.layout.data_start
-        if data_offset < 0:  # the header part: already known from the reference, so it must match
-            header_part = self.layout.header[offset : offset + piece.nbytes]
-            if piece[: len(header_part)] != header_part:
-                raise StreamingError("the streamed header differs from the one announced")
-            piece, data_offset = piece[len(header_part) :], 0
-        position = 0
-        index = bisect.bisect_right(self._ends, data_offset)
-        while position < piece.nbytes:
-            entry, target = self.layout.entries[index], self._targets[index]
-            begin = data_offset + position - entry.begin
-            count = min(entry.nbytes - begin, piece.nbytes - position)
-            if count:
-                copy_bytes(target[begin : begin + count], piece[position : position + count])
-            position += count
-            index += 1
+        for index, begin, part in self._entry_parts(offset, piece):
+            copy_bytes(self._targets[index][begin : begin + part.nbytes], part)
 
     def finish(self) -> dict[str, torch.Tensor]:
         self._require_complete()

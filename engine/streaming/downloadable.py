@@ -4,13 +4,16 @@
 receiver: the tensors are referenced, not copied. A contiguous CPU tensor is served straight
 from its storage; a GPU or non-contiguous one is copied to contiguous CPU memory when its first
 chunk is asked for, and kept in a small cache bounded in bytes, so never more than about one
-such tensor per reader is copied at a time, never the whole model.
+such tensor per reader is copied at a time, never the whole model. A `QuantizedTensor` is
+served as its wire records, made for each chunk from the range it covers (never the whole
+tensor); the stream's ``__metadata__`` lists such entries for the receiver.
 
 `FileDownloadable`: the bytes of one file, read per chunk; the file is deleted when released.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -24,6 +27,8 @@ import torch
 
 from engine.errors import StreamingError
 from engine.fobs.arrays import tensor_bytes
+from engine.fobs.dtypes import dtype_name
+from engine.fobs.quantized import QUANTIZED_METADATA_KEY, QuantizedTensor
 from engine.streaming.layout import StreamLayout
 
 #: Bytes of CPU copies (of GPU or non-contiguous tensors) a downloadable keeps at most.
@@ -56,7 +61,8 @@ class TensorDownloadable:
     """Tensors served as the chunks of one safetensors stream.
 
     Args:
-        tensors: Name -> tensor; referenced, not copied. They must not change while served.
+        tensors: Name -> tensor (or `QuantizedTensor`); referenced, not copied. They must not
+            change while served.
         chunk_bytes: Chunk size in bytes (> 0).
         metadata: Optional ``__metadata__`` of the stream (strings to strings).
         copy_cache_bytes: Bound of the cache of CPU copies, in bytes; a tensor larger than it is
@@ -65,7 +71,7 @@ class TensorDownloadable:
 
     def __init__(
         self,
-        tensors: Mapping[str, torch.Tensor],
+        tensors: Mapping[str, torch.Tensor | QuantizedTensor],
         chunk_bytes: int,
         metadata: Mapping[str, str] | None = None,
         copy_cache_bytes: int = DEFAULT_COPY_CACHE_BYTES,
@@ -74,9 +80,14 @@ class TensorDownloadable:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
         self.tensors = dict(tensors)
         self.chunk_bytes = chunk_bytes
-        self.layout = StreamLayout.of_tensors(self.tensors, metadata)
+        quantized = {name: value for name, value in self.tensors.items() if isinstance(value, QuantizedTensor)}
+        if quantized:
+            listed = {name: [q.mode, dtype_name(q.tensor.dtype), list(q.tensor.shape)] for name, q in quantized.items()}
+            metadata = {**(metadata or {}), QUANTIZED_METADATA_KEY: json.dumps(listed, separators=(",", ":"))}
+        wire = {name: quantized[name].meta() if name in quantized else value for name, value in self.tensors.items()}
+        self.layout = StreamLayout.of_tensors(wire, metadata)
         self.chunk_count = self.layout.chunk_count(chunk_bytes)
-        self.in_memory = all(_in_place(tensor) for tensor in self.tensors.values())
+        self.in_memory = not quantized and all(_in_place(tensor) for tensor in self.tensors.values())
         self._copy_cache_bytes = copy_cache_bytes
         self._views: dict[str, memoryview] = {}  # in-place tensors' bytes, made once per tensor
         self._copies: OrderedDict[str, memoryview] = OrderedDict()
@@ -104,13 +115,15 @@ class TensorDownloadable:
             self._copies.clear()
             self._copied_bytes = 0
 
-    def _data_of(self, name: str) -> memoryview:
+    def _data_of(self, name: str) -> memoryview | _WireRecords:
         view = self._views.get(name)
         if view is not None:
             return view
         tensor = self.tensors.get(name)
         if tensor is None:
             raise StreamingError("the download was released while a chunk was being served")
+        if isinstance(tensor, QuantizedTensor):
+            return _WireRecords(tensor)
         if _in_place(tensor):
             view = memoryview(tensor_bytes(tensor))
             with self._lock:
@@ -130,6 +143,16 @@ class TensorDownloadable:
                 self._copies[name] = copy
                 self._copied_bytes += copy.nbytes
             return copy
+
+
+class _WireRecords:
+    """A quantized tensor's wire bytes as `StreamLayout.chunk` slices them: each slice made on demand."""
+
+    def __init__(self, tensor: QuantizedTensor) -> None:
+        self._tensor = tensor
+
+    def __getitem__(self, span: slice) -> memoryview:
+        return self._tensor.wire_range(span.start, span.stop)
 
 
 def _in_place(tensor: torch.Tensor) -> bool:

@@ -17,7 +17,6 @@ stream cannot take them back).
 
 from __future__ import annotations
 
-import bisect
 from typing import Any, Protocol
 
 import torch
@@ -77,7 +76,6 @@ class FoldingConsumer(StreamConsumer):
             )
         except ResultRefused as e:
             raise StreamingError(str(e)) from e
-        self._ends = [entry.end for entry in layout.entries]
         sizes = [dtype.itemsize for dtype in self._dtypes]
         # An entry is handed on piece by piece when no element can straddle two chunks.
         self._direct = [
@@ -97,29 +95,14 @@ class FoldingConsumer(StreamConsumer):
     def _write(self, offset: int, piece: memoryview) -> None:
         if self._aborted:
             raise StreamingError("the download was aborted")
-        data_offset = offset - self.layout.data_start
-        if data_offset < 0:  # the header part: already known from the reference, so it must match
-            header_part = self.layout.header[offset : offset + piece.nbytes]
-            if piece[: len(header_part)] != header_part:
-                raise StreamingError("the streamed header differs from the one announced")
-            piece, data_offset = piece[len(header_part) :], 0
-        position = 0
-        index = bisect.bisect_right(self._ends, data_offset)
-        while position < piece.nbytes:
-            entry = self.layout.entries[index]
-            begin = data_offset + position - entry.begin
-            count = min(entry.nbytes - begin, piece.nbytes - position)
-            if count:
-                source = piece[position : position + count]
-                if self._direct[index]:
-                    self._hand_on_piece(index, begin, source)
-                else:
-                    self._stage(index, begin, source)
-                self._filled[index] += count
-                if self._filled[index] == entry.nbytes:
-                    self._complete(index)
-            position += count
-            index += 1
+        for index, begin, source in self._entry_parts(offset, piece):
+            if self._direct[index]:
+                self._hand_on_piece(index, begin, source)
+            else:
+                self._stage(index, begin, source)
+            self._filled[index] += source.nbytes
+            if self._filled[index] == self.layout.entries[index].nbytes:
+                self._complete(index)
 
     def _hand_on_piece(self, index: int, begin: int, source: memoryview) -> None:
         count = source.nbytes

@@ -124,8 +124,9 @@ class StreamLayout:
             index: Which chunk, from 0.
             chunk_bytes: Chunk size in bytes.
             data_of: Returns a tensor's raw bytes by name, e.g. a view of a contiguous CPU
-                tensor (see `engine.fobs.arrays.tensor_bytes`); the caller decides whether a GPU
-                or non-contiguous tensor's copy is cached while its chunks are served.
+                tensor (see `engine.fobs.arrays.tensor_bytes`), or anything whose byte slices
+                are memoryviews (a quantized tensor's records, made per slice); the caller decides
+                whether a GPU or non-contiguous tensor's copy is cached while its chunks are served.
 
         Raises:
             IndexError: ``index`` is not a chunk of this stream.

@@ -23,6 +23,7 @@ from engine.cells.retry import NO_RETRY, RetryPolicy, request_with_retries
 from engine.errors import CellError, StreamingError
 from engine.streaming.chunks import ChunkPuller
 from engine.streaming.consumers import ChunkConsumer, FileConsumer, MemoryConsumer, StreamConsumer
+from engine.streaming.dequantize import DequantizingConsumer, plan_of
 from engine.streaming.downloadable import KIND_FILE, KIND_TENSORS
 from engine.streaming.layout import StreamLayout
 from engine.streaming.service import CHANNEL, TOPIC_DONE, TOPIC_INFO
@@ -106,7 +107,9 @@ def download_tensors(
         ref: The ref id the sender gave out.
         per_request_timeout_s: Longest wait for one request (the info or one chunk), in seconds.
         consumer_factory: Makes the consumer from the layout and chunk size; `MemoryConsumer`
-            (a dict of tensors) by default, or a `DiskConsumer` for a file.
+            (a dict of tensors) by default, or a `DiskConsumer` for a file. A quantized stream's
+            consumer is made for its logical layout (`engine.streaming.dequantize`): it gets
+            the values, never the wire records.
         max_in_flight: Chunk requests kept outstanding at once.
         budget: Bytes the stream may announce at most (shared with the message's other
             downloads); None for no bound beyond the cell's own.
@@ -133,9 +136,18 @@ def download_tensors(
             layout = StreamLayout.parse(b"".join(bytes(frame) for frame in info.frames))
         except StreamingError as e:
             raise StreamingError(f"{where}: {e}") from e
-        if budget is not None:
-            budget.take(layout.total_bytes, where, chunk_bytes)
-        return consumer_factory(layout, chunk_bytes)
+        try:
+            plan = plan_of(layout)
+        except StreamingError as e:
+            raise StreamingError(f"{where}: {e}") from e
+        if plan is None:
+            if budget is not None:
+                budget.take(layout.total_bytes, where, chunk_bytes)
+            return consumer_factory(layout, chunk_bytes)
+        if budget is not None:  # what the values take here, not what crossed the wire
+            budget.take(max(layout.total_bytes, plan.logical.total_bytes), where, chunk_bytes)
+        inner = consumer_factory(plan.logical, plan.logical_chunk_bytes(chunk_bytes))
+        return DequantizingConsumer(layout, chunk_bytes, plan, inner)
 
     return _download(
         cell, source, ref, KIND_TENSORS, consumer_of, per_request_timeout_s, max_in_flight, min_throughput, held, retry

@@ -35,6 +35,7 @@ from engine.errors import SerializationError, StreamingError
 from engine.fobs import Datum, DatumType, DecodeContext, EncodeContext, Registry
 from engine.fobs.arrays import NumpyArrayDecomposer, TensorDecomposer
 from engine.fobs.dtypes import is_supported
+from engine.fobs.quantized import QuantizedTensor
 from engine.streaming.consumers import MemoryConsumer
 from engine.streaming.lazy import LazyRef, LazyTensorDict
 from engine.streaming.pull import (
@@ -310,6 +311,39 @@ class TensorViaDownloaderDecomposer(_ViaDownloader, TensorDecomposer):
         return self.lookup(data, ctx)
 
 
+class QuantizedViaDownloaderDecomposer(TensorViaDownloaderDecomposer):
+    """A `QuantizedTensor` in the message's tensor download, as its wire records.
+
+    The receiver gets the values back in the tensor's own dtype and shape (a numpy array when the
+    value was one): `engine.streaming.dequantize` decodes the records as the chunks land. Inline
+    (no streaming, or a chunk size of 0) the tensor travels as it is, unquantized.
+    """
+
+    covers_subclasses = False
+
+    def supported_type(self) -> type[QuantizedTensor]:
+        return QuantizedTensor
+
+    def wire_name(self) -> str:
+        return "flengine.QuantizedTensor"
+
+    def decompose(self, obj: QuantizedTensor, ctx: EncodeContext) -> Any:
+        gathered = self.gather(obj, ctx)
+        if gathered is None:
+            gathered = {"inline": TensorDecomposer.decompose(self, obj.tensor, ctx)}
+        return {**gathered, "numpy": obj.as_numpy}
+
+    def recompose(self, data: Any, ctx: DecodeContext) -> torch.Tensor | np.ndarray | LazyRef | StreamedItem:
+        as_numpy = isinstance(data, dict) and data.get("numpy") is True
+        if isinstance(data, dict) and "inline" in data:
+            if _peeking(ctx):
+                return INLINE_ITEM
+            value = TensorDecomposer.recompose(self, data["inline"], ctx)
+        else:
+            value = self.lookup(data, ctx, as_numpy=as_numpy)
+        return value.numpy() if as_numpy and isinstance(value, torch.Tensor) else value
+
+
 class ArrayViaDownloaderDecomposer(_ViaDownloader, NumpyArrayDecomposer):
     """numpy arrays by download (``np_download_chunk_size``), or inline when it is 0.
 
@@ -355,6 +389,9 @@ def install_via_downloader(registry: Registry) -> None:
     for decomposer in (TensorViaDownloaderDecomposer(), ArrayViaDownloaderDecomposer()):
         registry.replace(decomposer)
         registry.register_datum_handler(decomposer.dot, decomposer.pull)
+    quantized = QuantizedViaDownloaderDecomposer()  # its records come by the tensors' download
+    if quantized.wire_name() not in registry.wire_names():
+        registry.register(quantized)
 
 
 def _as_tensor(array: np.ndarray) -> torch.Tensor | None:

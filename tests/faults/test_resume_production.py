@@ -58,6 +58,7 @@ def _assert_exact(deployment: Deployment, tmp_path: Path, job: Path, job_id: str
 SLOW_ROUND_3 = "--fault sleep --fault-site site-1 --fault-round 2 --sleep-s 3"
 
 
+@pytest.mark.slow  # end to end and long; CI runs it with -m slow
 def test_a_job_resumes_after_the_server_host_went_down(
     deployment: Deployment,  # noqa: F811
     tmp_path: Path,

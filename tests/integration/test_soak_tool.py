@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.integration.runtime.conftest import processes_mentioning
 
 SOAK = Path(__file__).resolve().parents[2] / "tools" / "soak.py"
@@ -26,6 +28,7 @@ def soak(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow  # end to end and long; CI runs it with -m slow
 def test_a_short_soak_reports_every_job_process_and_leaves_nothing(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
 

@@ -28,7 +28,7 @@ ALLOWED = {
     "controller": {"errors", "model"},
     "aggregators": {"errors", "fobs", "model", "metric_ranges"},
     "persistors": {"errors", "paths", "fobs", "model"},
-    "filters": {"errors", "model"},
+    "filters": {"errors", "fobs", "model"},
     "metrics": {"errors", "paths", "cells", "aggregators"},
     "workflows": {"errors", "paths", "model", "controller", "aggregators", "persistors", "filters", "fault_points"},
     "client": {"errors", "fobs", "cells", "streaming", "site", "model"},

@@ -29,8 +29,10 @@ from engine.executors.ccwf.client_side import ClientSideController, owner_among,
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy, rotate
 from engine.executors.ccwf.swarm_intake import HELD_KEY, ResultIntake
 from engine.executors.ccwf.swarm_roles import SwarmRoles
+from engine.fobs.quantized import MODES as QUANTIZE_MODES
 from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shown_round
 from engine.model.ccwf import CCWF_CHANNEL
+from engine.model.quantize import quantized_copy
 from engine.paths import JobPaths
 from engine.persistors import ModelPersistor
 from engine.streaming.lazy import cleanup_lazy_refs
@@ -84,6 +86,11 @@ class SwarmClientController(ClientSideController):
         task_name_prefix: Prefix of the task names (``swarm``).
         allow_non_finite: Aggregate results holding NaN or infinite values (refused by default).
         metric_ranges: Metric name -> ``[low, high]``; a trainer's value outside is dropped.
+        quantize: ``"fp16"``, ``"bf16"`` or ``"int8"``: the round's model and the trainers'
+            results cross the network quantized, as with `engine.filters.Quantize` between a
+            server and its clients (each chunk decoded as it lands; results checked on the
+            decoded values). A client's own model and result are used exactly, and the final
+            model goes to the result clients exactly. None (the default): everything exact.
     """
 
     def __init__(
@@ -106,8 +113,12 @@ class SwarmClientController(ClientSideController):
         task_name_prefix: str = SWARM_PREFIX,
         allow_non_finite: bool = False,
         metric_ranges: dict[str, list[float]] | None = None,
+        quantize: str | None = None,
     ) -> None:
         super().__init__(task_name_prefix)
+        if quantize is not None and quantize not in QUANTIZE_MODES:
+            raise ValueError(f"quantize: expected one of {', '.join(QUANTIZE_MODES)} or null, got {quantize!r}")
+        self.quantize = quantize
         self.rules = ResultRules.from_args(allow_non_finite, metric_ranges)
         if min_responses_required < 1 or max_concurrent_submissions < 1:
             raise ValueError(
@@ -225,7 +236,7 @@ class SwarmClientController(ClientSideController):
             header = {"round": current_round, "aggr": aggr}
             peers = [site for site in dict.fromkeys([aggr, *trainers]) if site != self.site]
             offers: list[str] = []
-            frames = self.codec.encode(data, receivers=peers, offers=offers) if peers else []
+            frames = self.codec.encode(self._outgoing(data), receivers=peers, offers=offers) if peers else []
             if self._deliver(aggr, header, data, frames, offers):
                 break
             unreachable.append(aggr)
@@ -242,6 +253,10 @@ class SwarmClientController(ClientSideController):
         if unreachable:
             log.warning("round %d: not delivered to %s", current_round + 1, ", ".join(unreachable))
         log.info("round started round=%d aggr=%s trainers=%s", current_round + 1, aggr, trainers)
+
+    def _outgoing(self, data: Shareable) -> Shareable:
+        """``data`` as it leaves this client: its params marked to travel quantized when ``quantize`` says so."""
+        return data if self.quantize is None else quantized_copy(data, self.quantize)
 
     def _deliver(
         self, site: str, header: dict[str, Any], data: Shareable, frames: list[Any], offers: list[str]
@@ -350,7 +365,7 @@ class SwarmClientController(ClientSideController):
         """Offer the result to the aggregation client, which pulls its tensors when it can (and, when
         its reply says so, again until its round ends: the offer is held past its timeout)."""
         offers: list[str] = []
-        frames = self.codec.encode(result, receivers=[aggr], offers=offers)
+        frames = self.codec.encode(self._outgoing(result), receivers=[aggr], offers=offers)
         ok = result.get_return_code() is ReturnCode.OK
         header = {"round": current_round, "ok": ok}
         deadline = time.monotonic() + self.submit_max_wait

@@ -87,6 +87,7 @@ def test_an_admin_with_another_projects_kit_fails_at_once_with_one_line(project:
     assert project.admin("alice", "list").returncode == 0  # the server's own admin is still let in
 
 
+@pytest.mark.slow  # end to end and long; CI runs it with -m slow
 def test_a_member_cannot_tell_another_orgs_job_from_a_made_up_id(project: Deployment, tmp_path: Path) -> None:
     job_id = project.admin_json("alice", "submit", str(make_bench_job(tmp_path / "jobs")))["job_id"]
 

@@ -195,6 +195,7 @@ def test_a_job_submitted_to_a_deployed_project_runs_on_both_sites_and_downloads(
     assert [e["action"] for e in site_audit if e.get("job") == job_id][:2] == ["job_deploy", "job_start"]
 
 
+@pytest.mark.slow  # end to end and long; CI runs it with -m slow
 def test_abort_ends_every_job_process_and_the_server_keeps_its_jobs_over_a_restart(
     deployment: Deployment, tmp_path: Path
 ) -> None:

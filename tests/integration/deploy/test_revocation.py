@@ -105,7 +105,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
 
 @pytest.mark.parametrize(
     ("way", "with_running_job"),
-    [("replace", False), ("copy-over", True)],
+    [pytest.param("replace", False, marks=pytest.mark.slow), ("copy-over", True)],  # the second does more
     ids=["replace-the-folder", "copy-over-while-a-job-runs"],
 )
 def test_a_site_removed_as_the_readme_says_is_cut_off_and_cannot_come_back(

@@ -44,6 +44,7 @@ def one_round_of_jobs_fedavg(folder: Path) -> Path:
     return job
 
 
+@pytest.mark.slow  # end to end and long; CI runs it with -m slow
 def test_the_example_job_trains_at_sites_named_unlike_site_n(deployment: Deployment, tmp_path: Path) -> None:
     job = one_round_of_jobs_fedavg(tmp_path / "fedavg")
     deployment.start("server", "server")

@@ -145,6 +145,7 @@ def test_the_job_ends_with_the_reason_when_the_aggregation_client_dies(simulate,
     assert "request_to_submit_result_max_wait=4 s" in reason
 
 
+@pytest.mark.slow  # end to end and long; CI runs it with -m slow
 def test_progress_timeout_ends_a_stalled_swarm(simulate, tmp_path: Path) -> None:
     job = make_swarm_job(  # site-2 never finishes training round 0, and the round needs all three
         tmp_path,

@@ -36,6 +36,7 @@ def test_the_raw_chunks_cut_the_tensors_bytes_laid_end_to_end(sizes: list[int], 
     assert all(end > begin for chunk in plan for _, begin, end in chunk)
 
 
+@pytest.mark.slow  # end to end and long; CI runs it with -m slow
 def test_a_quick_run_compares_flengine_with_raw_pyzmq_of_the_same_run(tmp_path: Path) -> None:
     out = tmp_path / "streaming.json"
 

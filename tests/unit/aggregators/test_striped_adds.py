@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from engine.aggregators import striped_adds
@@ -56,7 +57,7 @@ def test_eight_results_folded_by_eight_threads_give_the_sequential_mean(monkeypa
 
 def test_an_add_in_flight_holds_back_whatever_reads_the_sums_whole() -> None:
     lock = threading.Lock()
-    adds = StripedAdds(lock)
+    adds = StripedAdds()
     flat = torch.zeros(10)
     with lock:
         stripes = adds.begin("w", flat.numel())
@@ -84,7 +85,7 @@ def test_an_add_in_flight_holds_back_whatever_reads_the_sums_whole() -> None:
 def test_a_chunk_over_a_stripe_boundary_takes_both_stripes(monkeypatch) -> None:
     monkeypatch.setattr(striped_adds, "STRIPE_ELEMENTS", 4)
     lock = threading.Lock()
-    adds = StripedAdds(lock)
+    adds = StripedAdds()
     flat = torch.zeros(12)
     with lock:
         stripes = adds.begin("w", flat.numel())
@@ -98,3 +99,43 @@ def test_a_chunk_over_a_stripe_boundary_takes_both_stripes(monkeypatch) -> None:
     stripes[1].release()
     adding.join(5.0)
     assert flat.tolist() == [0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+
+
+def test_each_block_is_checked_just_before_it_is_added(monkeypatch) -> None:
+    """One pass over a chunk: a block refused leaves the blocks before it added, and nothing after it."""
+    monkeypatch.setattr(striped_adds, "BLOCK_ELEMENTS", 4)
+    lock = threading.Lock()
+    adds = StripedAdds()
+    flat = torch.zeros(12)
+    values = torch.ones(12)
+    values[9] = float("nan")  # in the third block
+    checked, started = [], []
+
+    def check(block: torch.Tensor) -> None:
+        checked.append(block.numel())
+        if not torch.isfinite(block).all():
+            raise ValueError("NaN")
+
+    with lock:
+        stripes = adds.begin("w", flat.numel())
+    with pytest.raises(ValueError, match="NaN"):
+        adds.add(stripes, flat, 0, values, 2.0, check, lambda: started.append(True))
+    assert checked == [4, 4, 4] and started == [True]
+    assert flat.tolist() == [2.0] * 8 + [0.0] * 4
+    with lock:
+        adds.drain()  # the refused add is no longer in flight
+
+
+def test_a_block_refused_first_leaves_the_sum_untouched() -> None:
+    aggregator = FoldingModelAggregator()
+
+    def finite(name: str, values: torch.Tensor) -> None:
+        if not torch.isfinite(values).all():
+            raise ValueError(f"{name!r} holds NaN")
+
+    fold = aggregator.open_result(FLModel(meta={"NUM_STEPS_CURRENT_ROUND": 1}), "site-1", check_tensor=finite)
+    fold.check_layout({"w": ((8,), torch.float32)})
+    with pytest.raises(ValueError, match="NaN"):
+        fold.fold_piece("w", 0, torch.full((8,), float("nan")))
+    fold.fail("NaN")
+    assert aggregator.tainted() == {}  # nothing was added: no rebuild needed

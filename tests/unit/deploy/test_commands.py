@@ -533,3 +533,24 @@ def test_results_that_come_in_after_a_download_are_in_the_next_downloads_summary
     assert before["processes"]["site-1"] == {"exit_code": None, "peak_rss_mb": None}
     assert before["warnings"] == ["site-1 handed in no results: its memory, metrics and log are not here"]
     assert after["processes"]["site-1"] == {"exit_code": 0, "peak_rss_mb": 1.0} and after["warnings"] == []
+
+
+def test_two_threads_stopping_the_server_at_once_both_return_cleanly(server: Server) -> None:
+    """``admin shutdown``'s timer and the main thread it wakes both call stop: neither may fail."""
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def stop() -> None:
+        barrier.wait()
+        try:
+            server.daemon.stop("shutdown")
+        except BaseException as e:  # noqa: BLE001 - the test reports whatever escaped
+            errors.append(e)
+
+    stoppers = [threading.Thread(target=stop) for _ in range(2)]
+    for thread in stoppers:
+        thread.start()
+    for thread in stoppers:
+        thread.join(30)
+    assert errors == [] and server.daemon.stopped.is_set()
+    assert server.daemon._endpoint is None

@@ -53,7 +53,9 @@ RECIPES = {
         workflow_args={"train_timeout": 60.0},
         **kw,
     ),
+    "fedavg-quantized": lambda **kw: FedAvgRecipe(**DIGITS, quantize="int8", **kw),
     "swarm": lambda **kw: SwarmRecipe(**DIGITS, download_to_disk=True, server_args={"progress_timeout": 600}, **kw),
+    "swarm-quantized": lambda **kw: SwarmRecipe(**DIGITS, quantize="bf16", **kw),
     "cse": lambda **kw: CrossSiteEvalRecipe(**DIGITS, eval_metric_ranges={"accuracy": [0, 1]}, **kw),
     "cse-only": lambda **kw: CrossSiteEvalRecipe(**{**DIGITS, "num_rounds": 0}, evaluatees="@none", **kw),
 }
@@ -461,3 +463,28 @@ def test_the_recipe_keeps_its_own_copy_of_what_it_was_given() -> None:
     recipe.configs()[SERVER_CONFIG]["workflows"][0]["args"]["num_rounds"] = 99
 
     assert recipe.configs() == before
+
+
+def test_quantize_puts_the_filter_where_models_leave_and_the_swarm_arg_on_the_executor(tmp_path: Path) -> None:
+    fedavg = written(RECIPES["fedavg-quantized"]().export(tmp_path / "fedavg"))
+    quantize = [{"tasks": ["*"], "filters": [{"path": "engine.filters.Quantize", "args": {"mode": "int8"}}]}]
+    assert fedavg[SERVER_CONFIG]["task_data_filters"] == quantize
+    assert fedavg[SERVER_CONFIG]["task_result_filters"] == []
+    assert fedavg[CLIENT_CONFIG]["task_result_filters"] == quantize
+    assert fedavg[CLIENT_CONFIG]["task_data_filters"] == []
+
+    swarm = written(RECIPES["swarm-quantized"]().export(tmp_path / "swarm"))
+    executor = swarm[CLIENT_CONFIG]["executors"][1]["executor"]
+    assert executor["path"] == "engine.executors.ccwf.SwarmClientController"
+    assert executor["args"]["quantize"] == "bf16"
+
+
+def test_the_recipes_quantize_modes_are_the_filters() -> None:
+    from engine.fobs.quantized import MODES
+    from engine.recipes.recipe import QUANTIZE_MODES
+
+    assert QUANTIZE_MODES == MODES
+    with pytest.raises(ValueError, match="quantize: expected one of 'fp16', 'bf16', 'int8', got 'int4'"):
+        FedAvgRecipe(**DIGITS, quantize="int4")
+    with pytest.raises(ValueError, match="quantize: expected one of"):
+        SwarmRecipe(**DIGITS, quantize="fp8")

@@ -168,6 +168,18 @@ def test_chains_are_true_only_with_a_filter(data: dict[str, Any], expected: bool
     assert bool(FilterChains.build(_document(data), "task_data_filters")) is expected
 
 
+def test_a_task_is_filtered_once_for_every_site_only_when_each_filter_says_so() -> None:
+    from engine.filters import GaussianPrivacy, Quantize
+
+    chains = FilterChains([(["train"], [Quantize("int8")]), (["validate"], [Quantize("bf16"), Tag("x")])])
+    assert chains.same_for_every_site("train")  # the server then encodes it once for all its clients
+    assert not chains.same_for_every_site("validate")  # Tag may depend on the site
+    assert chains.same_for_every_site("submit_model")  # no filter applies
+    assert not FilterChains([(["*"], [GaussianPrivacy(clip_norm=1.0, noise_multiplier=1.0)])]).same_for_every_site(
+        "train"
+    )  # noise drawn per site
+
+
 def test_no_matching_chain_passes_the_shareable_through() -> None:
     shareable = Shareable(w=1)
 

@@ -1,0 +1,260 @@
+"""Quantized tensors on the wire: fp16, bf16 or 8-bit blockwise bytes made and read a range at a time.
+
+A `QuantizedTensor` stands for a float tensor that is to travel in fewer bytes. Its wire bytes
+are never made whole: the sender makes the bytes of the range a chunk asks for (`wire_range`),
+the receiver turns each landed range back into values (`WireCodec.decode`), so neither side
+holds a second copy of the model, only a chunk's worth.
+
+The wire format of one tensor is a sequence of *records*, each decodable on its own:
+
+- ``fp16`` / ``bf16``: one 2-byte value per record (IEEE half, or bfloat16: float32's
+  exponent range, 8 bits of mantissa).
+- ``int8``: a record holds a block of up to `INT8_BLOCK` values: a little-endian float32 scale
+  (the block's largest magnitude / 127) then one signed byte per value (``round(v / scale)``).
+  4 + 4092 = 4096 bytes, so a record never straddles a chunk whose size is a multiple of 4 KiB
+  (the usual 2 MiB chunks) unless the stream's layout shifts it; a straddling record is put
+  together by the receiver before it is decoded.
+
+The error a mode allows, relative to the values of a tensor (or of a block, for int8), is
+`max_relative_error`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.errors import SerializationError
+from engine.fobs.arrays import copy_bytes
+
+#: Values per record of the ``int8`` mode (with the 4-byte scale, a record is 4 KiB).
+INT8_BLOCK = 4092
+#: Safetensors ``__metadata__`` key that lists a stream's quantized entries (a JSON object:
+#: entry name -> ``[mode, logical dtype name, logical shape]``).
+QUANTIZED_METADATA_KEY = "flengine.quantized"
+#: The largest magnitude float16 can hold; a tensor beyond it is refused in ``fp16`` mode.
+FP16_MAX = 65504.0
+#: The dtypes a quantized tensor may have, by their safetensors names.
+LOGICAL_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class WireCodec:
+    """How one mode turns values into records and back.
+
+    Attributes:
+        mode: ``"fp16"``, ``"bf16"`` or ``"int8"``.
+        wire_dtype: The safetensors dtype of the wire entry (``"F16"``, ``"BF16"``, ``"U8"``).
+        values_per_record: Values one full record holds.
+        record_bytes: Bytes of one full record (the last record of a tensor may be shorter).
+        max_relative_error: The largest error of a decoded value relative to the largest
+            magnitude of its tensor (fp16 / bf16, rounding) or of its block (int8).
+    """
+
+    mode: str
+    wire_dtype: str
+    values_per_record: int
+    record_bytes: int
+    max_relative_error: float
+
+    @property
+    def header_bytes(self) -> int:
+        """Bytes of a record before its values (the int8 scale)."""
+        return self.record_bytes - self.values_per_record * self.value_bytes
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one value in a record."""
+        return 1 if self.mode == "int8" else 2
+
+    def wire_nbytes(self, numel: int) -> int:
+        """Bytes of the wire entry of a tensor of ``numel`` values."""
+        return numel * self.value_bytes + self.record_count(numel) * self.header_bytes
+
+    def record_count(self, numel: int) -> int:
+        """Records of a tensor of ``numel`` values."""
+        return math.ceil(numel / self.values_per_record)
+
+    def record_span(self, record: int, numel: int) -> tuple[int, int]:
+        """Bytes ``[begin, end)`` of ``record`` in the wire entry of a tensor of ``numel`` values."""
+        begin = record * self.record_bytes
+        values = min(self.values_per_record, numel - record * self.values_per_record)
+        return begin, begin + self.header_bytes + values * self.value_bytes
+
+    def encode(self, values: torch.Tensor) -> np.ndarray:
+        """The records of ``values`` (flat, starting at a record boundary), as a uint8 array."""
+        values = values.detach().cpu()
+        if self.mode in ("fp16", "bf16"):
+            wire = torch.empty(values.numel(), dtype=torch.float16 if self.mode == "fp16" else torch.bfloat16)
+            convert(values, wire)
+            return wire.view(torch.uint8).numpy()
+        flat = values.numpy() if values.dtype == torch.float32 else values.to(torch.float32).numpy()
+        out = np.empty(self.wire_nbytes(flat.size), dtype=np.uint8)
+        full = flat.size // INT8_BLOCK
+        for row in range(0, full, _INT8_ROWS):
+            rows = min(_INT8_ROWS, full - row)
+            _encode_int8(
+                flat[row * INT8_BLOCK : (row + rows) * INT8_BLOCK].reshape(rows, INT8_BLOCK),
+                out[row * self.record_bytes : (row + rows) * self.record_bytes].reshape(rows, self.record_bytes),
+            )
+        if flat.size % INT8_BLOCK:
+            _encode_int8(flat[full * INT8_BLOCK :].reshape(1, -1), out[full * self.record_bytes :].reshape(1, -1))
+        return out
+
+    def decode(
+        self,
+        records: np.ndarray | memoryview,
+        numel: int,
+        out: torch.Tensor | None = None,
+        scratch: np.ndarray | None = None,
+    ) -> torch.Tensor:
+        """The ``numel`` float32 values of whole ``records`` (uint8, starting at a record boundary).
+
+        Args:
+            records: The bytes.
+            numel: How many values they hold.
+            out: A flat float32 tensor of at least ``numel`` values to decode into (reused
+                across chunks by a receiver, so that chunks do not fragment its heap).
+            scratch: A uint8 array of at least ``len(records)`` bytes, reused the same way.
+
+        Raises:
+            SerializationError: The bytes are not whole records of ``numel`` values.
+        """
+        nbytes = memoryview(records).nbytes
+        if nbytes != self.wire_nbytes(numel):
+            raise SerializationError(f"{nbytes} bytes are not the {self.mode} records of {numel} values")
+        # A writable copy, aligned for the views below (received frames are neither).
+        data = (np.empty(nbytes, dtype=np.uint8) if scratch is None else scratch)[:nbytes]
+        if nbytes:
+            copy_bytes(data, records)
+        out = (torch.empty(numel, dtype=torch.float32) if out is None else out)[:numel]
+        if self.mode in ("fp16", "bf16"):
+            convert(torch.from_numpy(data).view(torch.float16 if self.mode == "fp16" else torch.bfloat16), out)
+            return out
+        values = out.numpy()
+        full = numel // INT8_BLOCK
+        for row in range(0, full, _INT8_ROWS):
+            rows = min(_INT8_ROWS, full - row)
+            _decode_int8(
+                data[row * self.record_bytes : (row + rows) * self.record_bytes].reshape(rows, self.record_bytes),
+                values[row * INT8_BLOCK : (row + rows) * INT8_BLOCK].reshape(rows, INT8_BLOCK),
+            )
+        if numel % INT8_BLOCK:
+            _decode_int8(data[full * self.record_bytes :].reshape(1, -1), values[full * INT8_BLOCK :].reshape(1, -1))
+        return out
+
+
+#: Elements torch converts per call: below its grain size (32,768), so on the calling thread.
+#: On a loaded 2-core VM, handing a conversion to torch's intra-op threads cost about 8 ms per
+#: 8 MiB chunk against 0.3 ms done here.
+_SLICE_ELEMENTS = 32_000
+#: int8 records encoded or decoded per numpy call (1 MiB of float32 temporaries).
+_INT8_ROWS = 64
+
+
+def convert(source: torch.Tensor, target: torch.Tensor) -> None:
+    """Copy ``source`` into ``target`` (flat, same length, another dtype) on this thread, a slice at a time."""
+    for start in range(0, source.numel(), _SLICE_ELEMENTS):
+        target[start : start + _SLICE_ELEMENTS].copy_(source[start : start + _SLICE_ELEMENTS])
+
+
+def _encode_int8(blocks: np.ndarray, records: np.ndarray) -> None:
+    """Records of ``blocks`` (rows of float32 values) into ``records``: a scale, then a byte per value."""
+    scales = np.abs(blocks).max(axis=1) / np.float32(127)
+    # A block of zeros has scale 0: its values divide to 0 rather than NaN. A block with a NaN or
+    # an infinity gets a NaN or infinite scale, so it decodes to non-finite values and is refused.
+    inverse = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales > 0)
+    with np.errstate(invalid="ignore"):  # NaN values of such a block: their bytes do not matter
+        quantized = np.rint(blocks * inverse[:, None])
+        np.clip(quantized, -127, 127, out=quantized)
+        records[:, 4:] = quantized.astype(np.int8).view(np.uint8)
+    records[:, :4] = scales.astype("<f4").view(np.uint8).reshape(-1, 4)
+
+
+def _decode_int8(records: np.ndarray, out: np.ndarray) -> None:
+    """Values of ``records`` (rows of a scale and a byte per value) into ``out`` (rows of float32)."""
+    scales = np.ascontiguousarray(records[:, :4]).view("<f4")
+    with np.errstate(invalid="ignore"):  # 0 x an infinite scale: NaN, as it should be
+        np.multiply(records[:, 4:].view(np.int8), scales, out=out, dtype=np.float32)
+
+
+CODECS = {
+    "fp16": WireCodec("fp16", "F16", 1, 2, 2.0**-11),
+    "bf16": WireCodec("bf16", "BF16", 1, 2, 2.0**-8),
+    "int8": WireCodec("int8", "U8", INT8_BLOCK, 4 + INT8_BLOCK, 0.5 / 127),
+}
+#: The modes a tensor can be quantized in.
+MODES = tuple(CODECS)
+
+
+def codec_of(mode: object) -> WireCodec:
+    """The codec of ``mode``; a `SerializationError` naming the modes for anything else."""
+    codec = CODECS.get(mode) if isinstance(mode, str) else None
+    if codec is None:
+        raise SerializationError(f"unknown quantization mode {mode!r}: expected one of {', '.join(MODES)}")
+    return codec
+
+
+class QuantizedTensor:
+    """A float tensor that is to travel quantized: referenced, never copied whole.
+
+    Put one where a tensor would go in a message (`engine.model.quantize.quantized_copy` does
+    it for a model's params); the receiver gets a float tensor of the same dtype and shape back.
+    Only tensors that stream are quantized: with a chunk size of 0 the tensor travels inline,
+    exactly.
+
+    Args:
+        tensor: The values (a float tensor, any device); it must not change while it is sent.
+        mode: One of `MODES`.
+        as_numpy: The receiver gets a numpy array (the value was one) rather than a tensor.
+
+    Raises:
+        SerializationError: The mode is unknown, or the tensor is not floating point.
+    """
+
+    def __init__(self, tensor: torch.Tensor, mode: str, as_numpy: bool = False) -> None:
+        self.codec = codec_of(mode)
+        if not tensor.is_floating_point() or tensor.dtype not in LOGICAL_DTYPES.values():
+            raise SerializationError(f"only float tensors can be quantized, not {tensor.dtype}")
+        self.tensor = tensor
+        self.as_numpy = as_numpy
+        self._contiguous: torch.Tensor | None = None
+
+    def _flat(self) -> torch.Tensor:
+        """The values, flat; a non-contiguous tensor is copied once (that tensor only) and kept while sent."""
+        if self.tensor.is_contiguous():
+            return self.tensor.detach().view(-1)
+        if self._contiguous is None:
+            self._contiguous = self.tensor.detach().contiguous().view(-1)
+        return self._contiguous
+
+    @property
+    def mode(self) -> str:
+        """The quantization mode."""
+        return self.codec.mode
+
+    @property
+    def wire_nbytes(self) -> int:
+        """Bytes the tensor takes on the wire."""
+        return self.codec.wire_nbytes(self.tensor.numel())
+
+    def wire_range(self, begin: int, end: int) -> memoryview:
+        """Bytes ``[begin, end)`` of the wire entry, made now from the records that cover them."""
+        codec, numel = self.codec, self.tensor.numel()
+        first, last = begin // codec.record_bytes, (max(end, begin + 1) - 1) // codec.record_bytes
+        start_value = first * codec.values_per_record
+        stop_value = min((last + 1) * codec.values_per_record, numel)
+        records = codec.encode(self._flat()[start_value:stop_value])
+        offset = first * codec.record_bytes
+        return memoryview(records)[begin - offset : end - offset]
+
+    def meta(self) -> torch.Tensor:
+        """A meta tensor of the wire entry (its dtype and shape), for laying out a stream."""
+        codec = self.codec
+        if codec.mode == "int8":
+            return torch.empty((self.wire_nbytes,), dtype=torch.uint8, device="meta")
+        dtype = torch.float16 if codec.mode == "fp16" else torch.bfloat16
+        return torch.empty(self.tensor.shape, dtype=dtype, device="meta")
