@@ -6,7 +6,8 @@ from its storage; a GPU or non-contiguous one is copied to contiguous CPU memory
 chunk is asked for, and kept in a small cache bounded in bytes, so never more than about one
 such tensor per reader is copied at a time, never the whole model. A `QuantizedTensor` is
 served as its wire records, made for each chunk from the range it covers (never the whole
-tensor); the stream's ``__metadata__`` lists such entries for the receiver.
+tensor), the last few kept for the offer's other receivers; the stream's ``__metadata__`` lists
+such entries for the receiver.
 
 `FileDownloadable`: the bytes of one file, read per chunk; the file is deleted when released.
 """
@@ -33,6 +34,9 @@ from engine.streaming.layout import StreamLayout
 
 #: Bytes of CPU copies (of GPU or non-contiguous tensors) a downloadable keeps at most.
 DEFAULT_COPY_CACHE_BYTES = 256 * 1024 * 1024
+#: Bytes of quantized records a downloadable keeps for its other receivers (a receiver that asks
+#: for a chunk shortly after another gets the same records without encoding them again).
+WIRE_CACHE_BYTES = 32 * 1024 * 1024
 #: ``kind`` of the info reply: what the receiver is about to pull.
 KIND_TENSORS = "tensors"
 KIND_FILE = "file"
@@ -92,6 +96,8 @@ class TensorDownloadable:
         self._views: dict[str, memoryview] = {}  # in-place tensors' bytes, made once per tensor
         self._copies: OrderedDict[str, memoryview] = OrderedDict()
         self._copied_bytes = 0
+        self._wire: OrderedDict[tuple[str, int, int], memoryview] = OrderedDict()  # recent quantized ranges
+        self._wire_bytes = 0
         self._lock = threading.Lock()
 
     def info(self) -> tuple[dict[str, Any], list[bytes]]:
@@ -114,6 +120,8 @@ class TensorDownloadable:
             self._views.clear()
             self._copies.clear()
             self._copied_bytes = 0
+            self._wire.clear()
+            self._wire_bytes = 0
 
     def _data_of(self, name: str) -> memoryview | _WireRecords:
         view = self._views.get(name)
@@ -123,7 +131,7 @@ class TensorDownloadable:
         if tensor is None:
             raise StreamingError("the download was released while a chunk was being served")
         if isinstance(tensor, QuantizedTensor):
-            return _WireRecords(tensor)
+            return _WireRecords(name, tensor, self)
         if _in_place(tensor):
             view = memoryview(tensor_bytes(tensor))
             with self._lock:
@@ -144,15 +152,33 @@ class TensorDownloadable:
                 self._copied_bytes += copy.nbytes
             return copy
 
+    def wire_range(self, name: str, tensor: QuantizedTensor, start: int, stop: int) -> memoryview:
+        """Bytes ``[start, stop)`` of a quantized entry: made now, or kept from another receiver's request."""
+        key = (name, start, stop)
+        with self._lock:
+            kept = self._wire.get(key)
+            if kept is not None:
+                self._wire.move_to_end(key)
+                return kept
+        made = tensor.wire_range(start, stop)  # outside the lock: other requests are served meanwhile
+        with self._lock:
+            if name in self.tensors and key not in self._wire and made.nbytes <= WIRE_CACHE_BYTES:
+                while self._wire and self._wire_bytes + made.nbytes > WIRE_CACHE_BYTES:
+                    _, evicted = self._wire.popitem(last=False)
+                    self._wire_bytes -= evicted.nbytes
+                self._wire[key] = made
+                self._wire_bytes += made.nbytes
+        return made
+
 
 class _WireRecords:
     """A quantized tensor's wire bytes as `StreamLayout.chunk` slices them: each slice made on demand."""
 
-    def __init__(self, tensor: QuantizedTensor) -> None:
-        self._tensor = tensor
+    def __init__(self, name: str, tensor: QuantizedTensor, owner: TensorDownloadable) -> None:
+        self._name, self._tensor, self._owner = name, tensor, owner
 
     def __getitem__(self, span: slice) -> memoryview:
-        return self._tensor.wire_range(span.start, span.stop)
+        return self._owner.wire_range(self._name, self._tensor, span.start, span.stop)
 
 
 def _in_place(tensor: torch.Tensor) -> bool:

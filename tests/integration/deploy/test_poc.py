@@ -62,6 +62,7 @@ def wait_final(admin_kit: Path, job_id: str, timeout_s: float = 60.0) -> dict:
     raise AssertionError(f"job {job_id} still {record['status']} after {timeout_s:g} s")
 
 
+@pytest.mark.slow  # end to end and long; CI runs it with -m slow, beside the doc's POC walk-through
 def test_a_poc_starts_once_runs_a_submitted_job_and_stops_leaving_nothing(poc: Path, tmp_path: Path) -> None:
     job = make_bench_job(tmp_path / "jobs", num_rounds=1)
 

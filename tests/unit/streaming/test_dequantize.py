@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from engine.errors import SerializationError, StreamingError
 from engine.fobs.quantized import CODECS, FP16_MAX, INT8_BLOCK, QUANTIZED_METADATA_KEY, QuantizedTensor
+from engine.streaming import downloadable
 from engine.streaming.consumers import DiskConsumer, MemoryConsumer
 from engine.streaming.dequantize import DequantizingConsumer, plan_of
 from engine.streaming.downloadable import TensorDownloadable
@@ -217,10 +218,12 @@ def test_a_wire_range_is_made_from_the_records_it_needs_only() -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_neither_side_holds_a_second_model(mode: str) -> None:
-    """Peak resident memory: the sender makes a chunk's records at a time, the receiver holds the values only."""
+def test_neither_side_holds_a_second_model(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Peak resident memory: the sender makes a chunk's records at a time (keeping a bounded few for
+    other receivers), the receiver holds the values only."""
     from tests.unit.aggregators.test_robust_memory import peak_growth
 
+    monkeypatch.setattr(downloadable, "WIRE_CACHE_BYTES", 4 << 20)  # below every mode's wire size here
     size = 64 << 20
     tensor = torch.randn(size // 4)
     sent = TensorDownloadable({"w": QuantizedTensor(tensor, mode)}, 1 << 20)
@@ -228,7 +231,7 @@ def test_neither_side_holds_a_second_model(mode: str) -> None:
     _, serving = peak_growth(lambda: [bytes(b"".join(sent.chunk(i))) and None for i in range(sent.chunk_count)])
     received, receiving = peak_growth(lambda: receive(sent, MemoryConsumer))
 
-    assert serving < 16 << 20, f"serving grew by {serving >> 20} MiB"
+    assert serving < (4 + 16) << 20, f"serving grew by {serving >> 20} MiB"
     assert receiving < size + (16 << 20), f"receiving grew by {receiving >> 20} MiB"
     assert received["w"].shape == tensor.shape
 
@@ -241,3 +244,19 @@ def test_a_huge_announced_chunk_size_reserves_nothing_beyond_the_stream() -> Non
     assert plan.logical_chunk_bytes(1 << 40) <= plan.logical.total_bytes + 8
     received = receive(sent, MemoryConsumer)
     assert (received["w"] - tensor).abs().max().item() <= bound(tensor, "int8")
+
+
+def test_a_second_receiver_gets_the_records_the_first_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records are made once for receivers that ask for the same chunk close together."""
+    made = []
+    wire_range = QuantizedTensor.wire_range
+    monkeypatch.setattr(QuantizedTensor, "wire_range", lambda self, a, b: made.append((a, b)) or wire_range(self, a, b))
+    tensor = torch.randn(1 << 16)
+    sent = TensorDownloadable({"w": QuantizedTensor(tensor, "int8")}, 4096)
+    first = receive(sent, MemoryConsumer, seed=1)
+    second = receive(sent, MemoryConsumer, seed=2)
+
+    assert torch.equal(first["w"], second["w"])
+    assert len(made) == len(set(made))  # the second receiver's chunks all came from the first's
+    sent.release()
+    assert sent._wire_bytes == 0  # noqa: SLF001 - released with the offer
