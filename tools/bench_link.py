@@ -34,10 +34,11 @@ before round 1 is outside every round; the admin's few status polls cross the li
 ``ratio = steady_round_s / link_bound_s``. The JSON (``--out``) also has the settings, every
 round's figures, the totals and the model check; one summary line goes to stdout.
 
-``--quantize fp16|bf16|int8`` adds ``engine.filters.quantize.Quantize`` to the job (the server's
+``--quantize fp16|bf16|int8|int4`` adds ``engine.filters.quantize.Quantize`` to the job (the server's
 ``task_data_filters`` and the clients' ``task_result_filters`` for ``train``); the model check
 then allows each rounding per round (``rounds * {fp16: 1e-3, bf16: 1e-2} * max|value|`` of each
-tensor, int8: ``rounds * 1e-2 * (max - min)``) and reports the worst error against it.
+tensor, int8: ``rounds * 1e-2 * (max - min)``, int4: ``rounds * 0.15 * (max - min)``) and reports
+the worst error against it.
 
 Needs root (namespaces, veth, tc). Whatever it made is removed in a ``finally``, on Ctrl-C,
 SIGTERM or failure too: the processes in its namespaces are stopped, the namespaces deleted,
@@ -86,8 +87,10 @@ EVENTS_POLL_S = 0.01
 #: call is a process start: seconds of CPU on a small machine), then at once.
 STATUS_POLL_S = 10.0
 #: Tolerance of the model check per round of quantization, as a fraction of each tensor's
-#: ``max|value|`` (fp16, bf16) or ``max - min`` (int8): two roundings a round (to the clients, back).
-QUANTIZE_TOLERANCE = {"fp16": 1e-3, "bf16": 1e-2, "int8": 1e-2}
+#: ``max|value|`` (fp16, bf16) or ``max - min`` (int8, int4): two roundings a round (to the clients, back).
+QUANTIZE_TOLERANCE = {"fp16": 1e-3, "bf16": 1e-2, "int8": 1e-2, "int4": 0.15}
+#: The blockwise modes, whose tolerance is a share of ``max - min``.
+BLOCKWISE = ("int8", "int4")
 
 
 class SetupError(RuntimeError):
@@ -335,7 +338,7 @@ def check_quantized_model(path: Path, point: bench.Point, mode: str) -> dict[str
         return {"correct": False, "max_abs_error": float("inf"), "max_error_of_tolerance": float("inf")}
     worst_abs = worst_share = 0.0
     for _, got, expected in bench.model_pairs(path, point):
-        if mode == "int8":
+        if mode in BLOCKWISE:
             scale = (expected.max() - expected.min()).item()
         else:
             scale = expected.abs().max().item()
@@ -393,7 +396,7 @@ def run(
     else:
         check = check_quantized_model(final_model, point, args.quantize)
         check["tolerance"] = f"rounds * {QUANTIZE_TOLERANCE[args.quantize]:g} of each tensor's " + (
-            "max - min" if args.quantize == "int8" else "max |value|"
+            "max - min" if args.quantize in BLOCKWISE else "max |value|"
         )
     return summarize(args, topology, record, seconds, [r["time_s"] for r in rounds], follower, before, after, check)
 

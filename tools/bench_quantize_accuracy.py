@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run every mode; print the table; write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", type=Path, default=REPO / "jobs" / "fedavg")
-    parser.add_argument("--modes", nargs="+", default=["none", "fp16", "bf16", "int8"])
+    parser.add_argument("--modes", nargs="+", default=["none", "fp16", "bf16", "int8", "int4"])
     parser.add_argument("--metric", default="global_accuracy")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)

@@ -24,7 +24,7 @@ class Quantize(Filter):
     of 0 sends everything exactly).
 
     Bytes on the wire and error (relative to the largest magnitude of a tensor, or of a block of
-    4,092 values for int8):
+    4,092 values for int8 and 8,184 for int4):
 
     ========  ============  =====================================
     mode      bytes/value   error
@@ -32,10 +32,11 @@ class Quantize(Filter):
     ``fp16``  2             2**-11; values beyond +-65504 refused
     ``bf16``  2             2**-8; float32's range
     ``int8``  ~1.001        1/254 of the block's largest value
+    ``int4``  ~0.5005       1/14 of the block's largest value
     ========  ============  =====================================
 
     Args:
-        mode: ``"fp16"``, ``"bf16"`` or ``"int8"``.
+        mode: ``"fp16"``, ``"bf16"``, ``"int8"`` or ``"int4"``.
         min_numel: Tensors with fewer values travel exactly (biases and norms cost little).
 
     Example:

@@ -1,4 +1,4 @@
-"""Quantized tensors on the wire: fp16, bf16 or 8-bit blockwise bytes made and read a range at a time.
+"""Quantized tensors on the wire: fp16, bf16, or 8- or 4-bit blockwise bytes, made and read a range at a time.
 
 A `QuantizedTensor` stands for a float tensor that is to travel in fewer bytes. Its wire bytes
 are never made whole: the sender makes the bytes of the range a chunk asks for (`wire_range`),
@@ -14,9 +14,11 @@ The wire format of one tensor is a sequence of *records*, each decodable on its 
   4 + 4092 = 4096 bytes, so a record never straddles a chunk whose size is a multiple of 4 KiB
   (the usual 2 MiB chunks) unless the stream's layout shifts it; a straddling record is put
   together by the receiver before it is decoded.
+- ``int4``: the same with 15 levels (scale = largest magnitude / 7), two values a byte (the
+  first in the low nibble, each stored as ``q + 8``): `INT4_BLOCK` = 8,184 values, 4 KiB a record.
 
-The error a mode allows, relative to the values of a tensor (or of a block, for int8), is
-`max_relative_error`.
+The error a mode allows, relative to the values of a tensor (or of a block, for int8 and int4),
+is `max_relative_error`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from engine.fobs.arrays import copy_bytes
 
 #: Values per record of the ``int8`` mode (with the 4-byte scale, a record is 4 KiB).
 INT8_BLOCK = 4092
+#: Values per record of the ``int4`` mode (two a byte; with the scale, a record is 4 KiB).
+INT4_BLOCK = 8184
 #: Safetensors ``__metadata__`` key that lists a stream's quantized entries (a JSON object:
 #: entry name -> ``[mode, logical dtype name, logical shape]``).
 QUANTIZED_METADATA_KEY = "flengine.quantized"
@@ -46,12 +50,14 @@ class WireCodec:
     """How one mode turns values into records and back.
 
     Attributes:
-        mode: ``"fp16"``, ``"bf16"`` or ``"int8"``.
+        mode: ``"fp16"``, ``"bf16"``, ``"int8"`` or ``"int4"``.
         wire_dtype: The safetensors dtype of the wire entry (``"F16"``, ``"BF16"``, ``"U8"``).
         values_per_record: Values one full record holds.
         record_bytes: Bytes of one full record (the last record of a tensor may be shorter).
         max_relative_error: The largest error of a decoded value relative to the largest
-            magnitude of its tensor (fp16 / bf16, rounding) or of its block (int8).
+            magnitude of its tensor (fp16 / bf16, rounding) or of its block (int8, int4).
+        bits: Bits of one value on the wire.
+        levels: For the blockwise modes, the largest quantized magnitude (127, 7); 0 otherwise.
     """
 
     mode: str
@@ -59,20 +65,22 @@ class WireCodec:
     values_per_record: int
     record_bytes: int
     max_relative_error: float
+    bits: int
+    levels: int = 0
 
     @property
     def header_bytes(self) -> int:
-        """Bytes of a record before its values (the int8 scale)."""
-        return self.record_bytes - self.values_per_record * self.value_bytes
+        """Bytes of a record before its values (the blockwise modes' scale)."""
+        return self.record_bytes - self.value_nbytes(self.values_per_record)
 
-    @property
-    def value_bytes(self) -> int:
-        """Bytes of one value in a record."""
-        return 1 if self.mode == "int8" else 2
+    def value_nbytes(self, count: int) -> int:
+        """Bytes that ``count`` values take in a record."""
+        return -(-count * self.bits // 8)
 
     def wire_nbytes(self, numel: int) -> int:
         """Bytes of the wire entry of a tensor of ``numel`` values."""
-        return numel * self.value_bytes + self.record_count(numel) * self.header_bytes
+        full, rest = divmod(numel, self.values_per_record)
+        return full * self.record_bytes + (self.header_bytes + self.value_nbytes(rest) if rest else 0)
 
     def record_count(self, numel: int) -> int:
         """Records of a tensor of ``numel`` values."""
@@ -82,7 +90,7 @@ class WireCodec:
         """Bytes ``[begin, end)`` of ``record`` in the wire entry of a tensor of ``numel`` values."""
         begin = record * self.record_bytes
         values = min(self.values_per_record, numel - record * self.values_per_record)
-        return begin, begin + self.header_bytes + values * self.value_bytes
+        return begin, begin + self.header_bytes + self.value_nbytes(values)
 
     def encode(self, values: torch.Tensor) -> np.ndarray:
         """The records of ``values`` (flat, starting at a record boundary), as a uint8 array."""
@@ -93,15 +101,17 @@ class WireCodec:
             return wire.view(torch.uint8).numpy()
         flat = values.numpy() if values.dtype == torch.float32 else values.to(torch.float32).numpy()
         out = np.empty(self.wire_nbytes(flat.size), dtype=np.uint8)
-        full = flat.size // INT8_BLOCK
-        for row in range(0, full, _INT8_ROWS):
-            rows = min(_INT8_ROWS, full - row)
-            _encode_int8(
-                flat[row * INT8_BLOCK : (row + rows) * INT8_BLOCK].reshape(rows, INT8_BLOCK),
-                out[row * self.record_bytes : (row + rows) * self.record_bytes].reshape(rows, self.record_bytes),
+        block, size = self.values_per_record, self.record_bytes
+        full = flat.size // block
+        for row in range(0, full, _BLOCK_ROWS):
+            rows = min(_BLOCK_ROWS, full - row)
+            _encode_blocks(
+                flat[row * block : (row + rows) * block].reshape(rows, block),
+                out[row * size : (row + rows) * size].reshape(rows, size),
+                self.levels,
             )
-        if flat.size % INT8_BLOCK:
-            _encode_int8(flat[full * INT8_BLOCK :].reshape(1, -1), out[full * self.record_bytes :].reshape(1, -1))
+        if flat.size % block:
+            _encode_blocks(flat[full * block :].reshape(1, -1), out[full * size :].reshape(1, -1), self.levels)
         return out
 
     def decode(
@@ -135,15 +145,17 @@ class WireCodec:
             convert(torch.from_numpy(data).view(torch.float16 if self.mode == "fp16" else torch.bfloat16), out)
             return out
         values = out.numpy()
-        full = numel // INT8_BLOCK
-        for row in range(0, full, _INT8_ROWS):
-            rows = min(_INT8_ROWS, full - row)
-            _decode_int8(
-                data[row * self.record_bytes : (row + rows) * self.record_bytes].reshape(rows, self.record_bytes),
-                values[row * INT8_BLOCK : (row + rows) * INT8_BLOCK].reshape(rows, INT8_BLOCK),
+        block, size = self.values_per_record, self.record_bytes
+        full = numel // block
+        for row in range(0, full, _BLOCK_ROWS):
+            rows = min(_BLOCK_ROWS, full - row)
+            _decode_blocks(
+                data[row * size : (row + rows) * size].reshape(rows, size),
+                values[row * block : (row + rows) * block].reshape(rows, block),
+                self.levels,
             )
-        if numel % INT8_BLOCK:
-            _decode_int8(data[full * self.record_bytes :].reshape(1, -1), values[full * INT8_BLOCK :].reshape(1, -1))
+        if numel % block:
+            _decode_blocks(data[full * size :].reshape(1, -1), values[full * block :].reshape(1, -1), self.levels)
         return out
 
 
@@ -151,8 +163,8 @@ class WireCodec:
 #: On a loaded 2-core VM, handing a conversion to torch's intra-op threads cost about 8 ms per
 #: 8 MiB chunk against 0.3 ms done here.
 _SLICE_ELEMENTS = 32_000
-#: int8 records encoded or decoded per numpy call (1 MiB of float32 temporaries).
-_INT8_ROWS = 64
+#: Blockwise records encoded or decoded per numpy call (1-2 MiB of float32 temporaries).
+_BLOCK_ROWS = 64
 
 
 def convert(source: torch.Tensor, target: torch.Tensor) -> None:
@@ -161,30 +173,50 @@ def convert(source: torch.Tensor, target: torch.Tensor) -> None:
         target[start : start + _SLICE_ELEMENTS].copy_(source[start : start + _SLICE_ELEMENTS])
 
 
-def _encode_int8(blocks: np.ndarray, records: np.ndarray) -> None:
-    """Records of ``blocks`` (rows of float32 values) into ``records``: a scale, then a byte per value."""
-    scales = np.abs(blocks).max(axis=1) / np.float32(127)
+def _encode_blocks(blocks: np.ndarray, records: np.ndarray, levels: int) -> None:
+    """Records of ``blocks`` (rows of float32 values) into ``records``: a scale, then the values.
+
+    ``levels`` 127: a signed byte per value; 7: a nibble per value (``q + 8``, the first of two
+    in the low half of their byte).
+    """
+    scales = np.abs(blocks).max(axis=1) / np.float32(levels)
     # A block of zeros has scale 0: its values divide to 0 rather than NaN. A block with a NaN or
     # an infinity gets a NaN or infinite scale, so it decodes to non-finite values and is refused.
     inverse = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales > 0)
     with np.errstate(invalid="ignore"):  # NaN values of such a block: their bytes do not matter
         quantized = np.rint(blocks * inverse[:, None])
-        np.clip(quantized, -127, 127, out=quantized)
-        records[:, 4:] = quantized.astype(np.int8).view(np.uint8)
+        np.clip(quantized, -levels, levels, out=quantized)
+        codes = quantized.astype(np.int8)
     records[:, :4] = scales.astype("<f4").view(np.uint8).reshape(-1, 4)
+    if levels == 127:
+        records[:, 4:] = codes.view(np.uint8)
+        return
+    nibbles = (codes + 8).astype(np.uint8)
+    if nibbles.shape[1] % 2:
+        nibbles = np.pad(nibbles, ((0, 0), (0, 1)), constant_values=8)
+    records[:, 4:] = nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)
 
 
-def _decode_int8(records: np.ndarray, out: np.ndarray) -> None:
-    """Values of ``records`` (rows of a scale and a byte per value) into ``out`` (rows of float32)."""
+def _decode_blocks(records: np.ndarray, out: np.ndarray, levels: int) -> None:
+    """Values of ``records`` (rows of a scale and the values) into ``out`` (rows of float32)."""
     scales = np.ascontiguousarray(records[:, :4]).view("<f4")
+    if levels == 127:
+        codes = records[:, 4:].view(np.int8)
+    else:
+        packed = records[:, 4:]
+        codes = np.empty((packed.shape[0], packed.shape[1] * 2), dtype=np.int8)
+        codes[:, 0::2] = (packed & 0x0F).astype(np.int8) - 8
+        codes[:, 1::2] = (packed >> 4).astype(np.int8) - 8
+        codes = codes[:, : out.shape[1]]
     with np.errstate(invalid="ignore"):  # 0 x an infinite scale: NaN, as it should be
-        np.multiply(records[:, 4:].view(np.int8), scales, out=out, dtype=np.float32)
+        np.multiply(codes, scales, out=out, dtype=np.float32)
 
 
 CODECS = {
-    "fp16": WireCodec("fp16", "F16", 1, 2, 2.0**-11),
-    "bf16": WireCodec("bf16", "BF16", 1, 2, 2.0**-8),
-    "int8": WireCodec("int8", "U8", INT8_BLOCK, 4 + INT8_BLOCK, 0.5 / 127),
+    "fp16": WireCodec("fp16", "F16", 1, 2, 2.0**-11, 16),
+    "bf16": WireCodec("bf16", "BF16", 1, 2, 2.0**-8, 16),
+    "int8": WireCodec("int8", "U8", INT8_BLOCK, 4 + INT8_BLOCK, 0.5 / 127, 8, 127),
+    "int4": WireCodec("int4", "U8", INT4_BLOCK, 4 + INT4_BLOCK // 2, 0.5 / 7, 4, 7),
 }
 #: The modes a tensor can be quantized in.
 MODES = tuple(CODECS)
@@ -254,7 +286,7 @@ class QuantizedTensor:
     def meta(self) -> torch.Tensor:
         """A meta tensor of the wire entry (its dtype and shape), for laying out a stream."""
         codec = self.codec
-        if codec.mode == "int8":
+        if codec.levels:  # blockwise: a flat run of records
             return torch.empty((self.wire_nbytes,), dtype=torch.uint8, device="meta")
         dtype = torch.float16 if codec.mode == "fp16" else torch.bfloat16
         return torch.empty(self.tensor.shape, dtype=dtype, device="meta")

@@ -39,7 +39,7 @@ CLIENT_CONFIG = "app/config/config_fed_client.conf"
 META = "meta.conf"
 PERSISTOR_ID = "persistor"
 #: The ``quantize`` arguments of the recipes: `engine.filters.Quantize`'s modes (tests check they match).
-QUANTIZE_MODES = ("fp16", "bf16", "int8")
+QUANTIZE_MODES = ("fp16", "bf16", "int8", "int4")
 _FILTER_KINDS = ("task_data", "task_result")
 
 

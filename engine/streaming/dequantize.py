@@ -65,7 +65,7 @@ class DequantizePlan:
         growth, record_values = 1, 0
         for plan in self.entries.values():
             itemsize = plan.dtype.itemsize
-            growth = max(growth, math.ceil(itemsize / plan.codec.value_bytes))
+            growth = max(growth, math.ceil(itemsize * 8 / plan.codec.bits))
             record_values = max(record_values, plan.codec.values_per_record * itemsize)
         size = min(max(chunk_bytes * growth, record_values), self.logical.total_bytes)
         return max(size + (-size % 8), 8)
@@ -193,10 +193,12 @@ class DequantizingConsumer(StreamConsumer):
         first_value = record * codec.values_per_record
         numel = min((record + count) * codec.values_per_record, plan.numel) - first_value
         if self._decoded is None:  # made once per download and reused: chunks never fragment the heap
-            record_sizes = [p.codec.record_bytes for _, p in self._targets if p is not None]
-            largest = max(min(self.chunk_bytes, self.total_bytes), *record_sizes)  # a chunk size is the sender's say
+            codecs = [p.codec for _, p in self._targets if p is not None]
+            # The most wire bytes one call decodes, and the most values they hold (int4: two a byte).
+            largest = max(min(self.chunk_bytes, self.total_bytes), *(c.record_bytes for c in codecs))  # sender's say
+            values = max(-(-largest * 8 // min(c.bits for c in codecs)), *(c.values_per_record for c in codecs))
             self._wire_scratch = np.empty(largest, dtype=np.uint8)
-            self._decoded = torch.empty(largest, dtype=torch.float32)
+            self._decoded = torch.empty(values, dtype=torch.float32)
         try:
             values = codec.decode(records, numel, self._decoded, self._wire_scratch)
         except SerializationError as e:

@@ -484,7 +484,7 @@ def test_the_recipes_quantize_modes_are_the_filters() -> None:
     from engine.recipes.recipe import QUANTIZE_MODES
 
     assert QUANTIZE_MODES == MODES
-    with pytest.raises(ValueError, match="quantize: expected one of 'fp16', 'bf16', 'int8', got 'int4'"):
-        FedAvgRecipe(**DIGITS, quantize="int4")
+    with pytest.raises(ValueError, match="quantize: expected one of 'fp16', 'bf16', 'int8', 'int4', got 'int2'"):
+        FedAvgRecipe(**DIGITS, quantize="int2")
     with pytest.raises(ValueError, match="quantize: expected one of"):
         SwarmRecipe(**DIGITS, quantize="fp8")

@@ -94,7 +94,7 @@ def test_int8_blocks_scale_on_their_own() -> None:
     assert (small - tensor[INT8_BLOCK:]).abs().max().item() <= 1e-3 / 254 * 1.0001
 
 
-@pytest.mark.parametrize(("mode", "ratio"), [("fp16", 0.501), ("bf16", 0.501), ("int8", 0.251)])
+@pytest.mark.parametrize(("mode", "ratio"), [("fp16", 0.501), ("bf16", 0.501), ("int8", 0.251), ("int4", 0.126)])
 def test_the_wire_carries_the_modes_bytes(mode: str, ratio: float) -> None:
     tensor = torch.randn(1 << 20)
     plain = TensorDownloadable({"w": tensor}, 1 << 20)
@@ -160,8 +160,8 @@ def test_a_non_contiguous_tensor_is_sent_by_its_values() -> None:
 def test_only_float_tensors_can_be_quantized() -> None:
     with pytest.raises(SerializationError, match="only float tensors"):
         QuantizedTensor(torch.arange(3), "int8")
-    with pytest.raises(SerializationError, match="unknown quantization mode 'int4'"):
-        QuantizedTensor(torch.zeros(3), "int4")
+    with pytest.raises(SerializationError, match="unknown quantization mode 'int2'"):
+        QuantizedTensor(torch.zeros(3), "int2")
     assert FP16_MAX == 65504.0
 
 
@@ -177,7 +177,7 @@ def hostile(listing: object, dtype: str = "U8", nbytes: int = 4096 + 4) -> Strea
     ("listing", "dtype", "message"),
     [
         ({"x": ["int8", "F32", [10]]}, "U8", "no such entry"),
-        ({"w": ["int4", "F32", [10]]}, "U8", "unknown quantization mode"),
+        ({"w": ["int2", "F32", [10]]}, "U8", "unknown quantization mode"),
         ({"w": ["int8", "I64", [10]]}, "U8", "not one a tensor is quantized from"),
         ({"w": ["int8", "F32", [-1]]}, "U8", "invalid shape"),
         ({"w": ["int8", "F32", [10**12]]}, "U8", "take"),  # claims far more values than the bytes hold
