@@ -24,6 +24,7 @@ is `max_relative_error`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,17 +102,8 @@ class WireCodec:
             return wire.view(torch.uint8).numpy()
         flat = values.numpy() if values.dtype == torch.float32 else values.to(torch.float32).numpy()
         out = np.empty(self.wire_nbytes(flat.size), dtype=np.uint8)
-        block, size = self.values_per_record, self.record_bytes
-        full = flat.size // block
-        for row in range(0, full, _BLOCK_ROWS):
-            rows = min(_BLOCK_ROWS, full - row)
-            _encode_blocks(
-                flat[row * block : (row + rows) * block].reshape(rows, block),
-                out[row * size : (row + rows) * size].reshape(rows, size),
-                self.levels,
-            )
-        if flat.size % block:
-            _encode_blocks(flat[full * block :].reshape(1, -1), out[full * size :].reshape(1, -1), self.levels)
+        for values, records, rows in self._runs(flat.size):
+            _encode_blocks(flat[values].reshape(rows, -1), out[records].reshape(rows, -1), self.levels)
         return out
 
     def decode(
@@ -144,19 +136,21 @@ class WireCodec:
         if self.mode in ("fp16", "bf16"):
             convert(torch.from_numpy(data).view(torch.float16 if self.mode == "fp16" else torch.bfloat16), out)
             return out
-        values = out.numpy()
+        flat = out.numpy()
+        for values, records, rows in self._runs(numel):
+            _decode_blocks(data[records].reshape(rows, -1), flat[values].reshape(rows, -1), self.levels)
+        return out
+
+    def _runs(self, numel: int) -> Iterator[tuple[slice, slice, int]]:
+        """``(values, records, rows)`` of each run of blocks that one numpy call takes: runs of
+        `_BLOCK_ROWS` full blocks, then the last, shorter block on its own."""
         block, size = self.values_per_record, self.record_bytes
         full = numel // block
         for row in range(0, full, _BLOCK_ROWS):
             rows = min(_BLOCK_ROWS, full - row)
-            _decode_blocks(
-                data[row * size : (row + rows) * size].reshape(rows, size),
-                values[row * block : (row + rows) * block].reshape(rows, block),
-                self.levels,
-            )
+            yield slice(row * block, (row + rows) * block), slice(row * size, (row + rows) * size), rows
         if numel % block:
-            _decode_blocks(data[full * size :].reshape(1, -1), values[full * block :].reshape(1, -1), self.levels)
-        return out
+            yield slice(full * block, numel), slice(full * size, None), 1
 
 
 #: Elements torch converts per call: below its grain size (32,768), so on the calling thread.
