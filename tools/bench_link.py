@@ -69,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench  # noqa: E402
 import benchnet  # noqa: E402
+from soak import json_object_or_none  # noqa: E402
 
 SUBNET = "10.77.0"
 SERVER_ADDRESS = f"{SUBNET}.1"
@@ -272,7 +273,7 @@ class RoundBytes(threading.Thread):
                         pending += file.read()
                         offset = file.tell()
                     *lines, pending = pending.split("\n")
-                    events = [event for event in map(_json_or_none, lines) if event is not None]
+                    events = [event for event in map(json_object_or_none, lines) if event is not None]
                     marks = [(e["event"], e["round"]) for e in events if _is_round_mark(e)]
                     if any(e.get("event") == "job_done" for e in events):
                         self.job_done.set()
@@ -300,14 +301,6 @@ class RoundBytes(threading.Thread):
             rx, tx = end[0] - start[0], end[1] - start[1]
             figures.append({"round": number, "rx_bytes": rx, "tx_bytes": tx, "bytes": rx + tx})
         return figures
-
-
-def _json_or_none(line: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(line)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _is_round_mark(event: dict[str, Any]) -> bool:

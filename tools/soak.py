@@ -181,7 +181,7 @@ class RoundSampler(threading.Thread):
                     continue
                 pending += handle.read()
                 *lines, pending = pending.split("\n")
-                begun = [e["round"] for e in map(_json_or_none, lines) if e and e.get("event") == "round_started"]
+                begun = [e["round"] for e in map(json_object_or_none, lines) if e and e.get("event") == "round_started"]
                 if begun and max(begun) > 1:
                     self.rounds_done = max(self.rounds_done, max(begun) - 1)
                     self.sample(self.rounds_done)
@@ -219,7 +219,8 @@ def _rank(name: str) -> tuple[int, str]:
     return (kind + (len(order) + 1 if name.endswith(" daemon") else 0), name)
 
 
-def _json_or_none(line: str) -> dict[str, Any] | None:
+def json_object_or_none(line: str) -> dict[str, Any] | None:
+    """The JSON object on one line of an events file; None for a torn or foreign line."""
     try:
         value = json.loads(line)
     except ValueError:
