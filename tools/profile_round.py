@@ -9,8 +9,7 @@ not, sampled without pausing the process). The samples of the threads that take 
 stack holds the result intake's ``_take_result``) are sorted by their innermost frame:
 
 - **lock wait**: a line of ``engine/aggregators`` that takes a lock (``with self._lock``,
-  ``acquire()``) or waits for another fold thread (``.wait(``: a new sum being zeroed), or
-  `StripedAdds.drain`;
+  ``acquire()``) or waits for another thread (``.wait(``), or `StripedAdds.drain`;
 - **network**: a wait for a chunk (in ``threading`` or ``queue``, or a line that calls ``.wait(`` or
   ``.get(timeout``);
 - **active**: anything else (decoding, checking, adding, bookkeeping).

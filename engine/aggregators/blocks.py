@@ -42,7 +42,7 @@ def torch_dtype_of(value: Any) -> torch.dtype:
 
 def block_elements(dtype: torch.dtype, block_bytes: int = BLOCK_BYTES) -> int:
     """How many elements of ``dtype`` one block holds (at least one)."""
-    return max(1, block_bytes // torch.empty(0, dtype=dtype).element_size())
+    return max(1, block_bytes // dtype.itemsize)
 
 
 def read_block(value: Any, start: int, count: int, buffer: torch.Tensor | None = None) -> torch.Tensor:

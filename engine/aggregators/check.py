@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.aggregators.blocks import iter_blocks, torch_dtype_of
+from engine.aggregators.blocks import BLOCK_BYTES, iter_blocks, torch_dtype_of
 from engine.errors import ResultRefused
 from engine.fobs.mapped import read_only_zeros
 
@@ -98,6 +98,11 @@ def non_finite_values(params: Mapping[str, Any]) -> list[str]:
     """
     found = []
     for name, value in params.items():
+        if type(value) is torch.Tensor and value.is_cpu and value.dim() == 1 and value.numel() <= _ONE_CALL_MAX:
+            # A block of a chunk, as the server's fold checks each: one call, no loop of blocks.
+            if _can_be_non_finite(value) and not _block_is_finite(value.detach()):
+                found.append(name)
+            continue
         if isinstance(value, numbers.Number) and not isinstance(value, bool):
             if not cmath.isfinite(value):
                 found.append(name)
@@ -107,6 +112,10 @@ def non_finite_values(params: Mapping[str, Any]) -> list[str]:
             if not all(_block_is_finite(block) for block in iter_blocks(value)):
                 found.append(name)
     return found
+
+
+#: Elements of the largest 1-D tensor checked in one call (as large as a block of `iter_blocks`).
+_ONE_CALL_MAX = BLOCK_BYTES // 8
 
 
 def _can_be_non_finite(value: Any) -> bool:

@@ -225,7 +225,6 @@ class FoldingModelAggregator(ModelAggregator):
         self._max_local_steps = check_max_local_steps(max_local_steps)
         self._lock = threading.Lock()
         self._adds = StripedAdds()  # chunks of several results are added at once
-        self._zeroed: dict[str, threading.Event] = {}  # a new sum's: set once zeroed (outside the lock)
         self._sums: dict[str, RunningSum] = {}
         self._metrics = WeightedAggregationHelper()
         self._open: dict[str, ResultFold] = {}
@@ -312,6 +311,8 @@ class FoldingModelAggregator(ModelAggregator):
             except (TypeError, ValueError) as e:
                 raise ResultRefused(f"result of {fold.contributor}: value {name!r}: {e}") from e
             self._adds.drain()  # a whole value is added at once: no chunk may be landing in it
+            if isinstance(current.total, torch.Tensor):  # chunks of other results may have made it
+                self._adds.settle(name, current.total.view(-1))
             with torch.no_grad():
                 current.add(value, fold.weight)
             self._sums[name] = current
@@ -326,27 +327,17 @@ class FoldingModelAggregator(ModelAggregator):
             if name in fold.folded:
                 raise ResultRefused(f"result of {fold.contributor}: {name!r} arrived twice")
             new = name not in self._sums
-            current = self._sum_for(fold, name, zeroed=not new)
+            current = self._sum_for(fold, name, zeroed=False)
             flat = current.total.view(-1)
             if start < 0 or start + values.numel() > flat.numel():
                 raise ResultRefused(f"result of {fold.contributor}: elements past the end of {name!r}")
-            if new:
-                self._zeroed[name] = threading.Event()
-            zeroed = self._zeroed.get(name)
-            stripes = self._adds.begin(name, flat.numel())
-
-        def before() -> None:  # a model-sized sum is zeroed outside the lock: the other folds go on
-            if new:
-                flat.zero_()
-                zeroed.set()
-            elif zeroed is not None:
-                zeroed.wait()
+            stripes = self._adds.begin(name, flat.numel(), blank=new)
 
         def adding() -> None:  # a refusal before the first block leaves the sum as it was
             fold.touched = True
 
         # Outside the lock: other results add meanwhile. Each block is checked just before it is added.
-        self._adds.add(stripes, flat, start, values, fold.weight, check, adding, before)
+        self._adds.add(stripes, flat, start, values, fold.weight, check, adding)
 
     def _complete(self, fold: ResultFold, name: str) -> None:
         with self._lock:
@@ -364,7 +355,7 @@ class FoldingModelAggregator(ModelAggregator):
     def _sum_for(self, fold: ResultFold, name: str, zeroed: bool = True) -> RunningSum:
         """The running sum of ``name`` (held under the lock); a zero one of the announced layout if it has none yet.
 
-        ``zeroed=False``: a new one is left for the caller to zero (outside the lock).
+        ``zeroed=False``: a new one is left blank (`StripedAdds` zeroes each stripe as adds reach it).
         """
         current = self._sums.get(name)
         shape, dtype = fold.layout[name]
@@ -488,7 +479,6 @@ class FoldingModelAggregator(ModelAggregator):
                 self._adds.drain()
                 self._adds.reset()
                 self._sums, self._committed, self._tainted, self._open = {}, {}, {}, {}
-                self._zeroed = {}
                 self._metrics.reset_stats()
                 self._params_type = None
                 stopping = stop is not None and stop.is_set()
@@ -581,6 +571,9 @@ class FoldingModelAggregator(ModelAggregator):
             if zero:
                 raise ValueError(f"total weight is 0 for {len(zero)} value(s), e.g. {zero[0]!r}; no mean exists")
             count, params_type = len(self._committed), self._params_type
+            for name, current in self._sums.items():
+                if isinstance(current.total, torch.Tensor):
+                    self._adds.settle(name, current.total.view(-1))
             params = {}
             while self._sums:  # pop as we go so each sum is freed once its mean exists
                 name, current = next(iter(self._sums.items()))
@@ -605,7 +598,7 @@ class FoldingModelAggregator(ModelAggregator):
         held = [*self._committed.values(), *self._open.values()]
         self._adds.drain()
         self._adds.reset()
-        self._sums, self._zeroed = {}, {}
+        self._sums = {}
         self._metrics.reset_stats()
         self._open = {}
         self._committed = {}

@@ -3,13 +3,17 @@
 The server folds each result's chunks in the thread that pulls it. Under one lock for the whole
 sum, those threads took turns however many cores the server had; here each sum is cut into
 stripes of `STRIPE_ELEMENTS` elements with a lock each, so chunks of different tensors, or of
-different parts of one tensor, are added at the same time, and two chunks of the same part (two
-results' chunk k) one after the other. Each add is a plain ``sum[i:j] += w * x``, so the sum is
+different parts of one tensor, are added at the same time. Two results that arrive in step (chunk
+k of each at once, the usual case) would queue for the same stripes; instead a block whose stripe
+is busy is put aside while the next blocks are checked and added, and added when its stripe is
+free, so the two take turns block by block. Each add is a plain ``sum[i:j] += w * x``, so the sum is
 the same whatever the interleaving, up to the order of the additions of one element, as before.
 
 A chunk is checked (finite) and added in one pass: a block of `BLOCK_ELEMENTS` at a time, each
 checked and then added while it is still in the core's cache, so the chunk is read from memory
-once. A block's stripes are held for its add only, never while it is checked.
+once. A block's stripes are held for its add only, never while it is checked. A new sum is not
+zeroed whole first: each stripe is zeroed by the first add that reaches it (`settle` zeroes the
+rest before the sum is read whole).
 
 The aggregator's own lock still guards its state (which results are open, the sums themselves):
 an add is *begun* under it and runs outside it; whatever replaces or reads the sums whole (the
@@ -21,12 +25,13 @@ its own, so the threads folding chunks do not queue for the aggregator's lock tw
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
-#: Elements of a sum per stripe (4 MiB of float32): a chunk of 2 MiB spans one or two.
-STRIPE_ELEMENTS = 1 << 20
+#: Elements of a sum per stripe (1 MiB of float32, one block): two results' adds wait for each
+#: other only where they touch the same MiB of the sum.
+STRIPE_ELEMENTS = 1 << 18
 #: Elements checked and added at a time (1 MiB of float32, in a core's L2 cache between the check
 #: and the add). Smaller blocks cost more than they save: with 125 KiB blocks, two fold threads
 #: spent most of their time handing Python's GIL to each other between the many short calls.
@@ -34,72 +39,73 @@ BLOCK_ELEMENTS = 1 << 18
 
 
 class StripedAdds:
-    """The stripe locks of the round's sums and the adds in flight.
+    """The stripe locks of the round's sums, which of their stripes are still blank, and the adds in flight.
 
-    `begin`, `drain` and `reset` are called with the aggregator's lock held; `add` without it.
+    `begin`, `drain`, `settle` and `reset` are called with the aggregator's lock held; `add`
+    without it.
     """
 
     def __init__(self) -> None:
         self._drained = threading.Condition(threading.Lock())  # guards the count of adds in flight
         self._adding = 0
-        self._stripes: dict[str, list[threading.Lock]] = {}
+        self._sums: dict[str, _Stripes] = {}
 
-    def begin(self, name: str, numel: int) -> list[threading.Lock]:
-        """An add into sum ``name`` (of ``numel`` elements) starts; its stripe locks (lock held)."""
-        stripes = self._stripes.get(name)
+    def begin(self, name: str, numel: int, blank: bool = False) -> _Stripes:
+        """An add into sum ``name`` (of ``numel`` elements) starts; its stripes (lock held).
+
+        Args:
+            blank: The sum was just made and never written (``torch.empty``): each stripe is
+                zeroed by the first add that lands in it, in the thread that adds, so a new sum
+                costs no pass of its own and no thread waits while one zeroes it whole.
+        """
+        stripes = self._sums.get(name)
         if stripes is None:
-            count = max(1, -(-numel // STRIPE_ELEMENTS))
-            stripes = self._stripes[name] = [threading.Lock() for _ in range(count)]
+            stripes = self._sums[name] = _Stripes(max(1, -(-numel // STRIPE_ELEMENTS)), blank)
         with self._drained:
             self._adding += 1
         return stripes
 
     def add(
         self,
-        stripes: list[threading.Lock],
+        stripes: _Stripes,
         flat: torch.Tensor,
         start: int,
         values: torch.Tensor,
         weight: float,
         check: Callable[[torch.Tensor], None] | None = None,
         adding: Callable[[], None] | None = None,
-        before: Callable[[], None] | None = None,
     ) -> None:
         """``flat[start:start + len(values)] += weight * values``, holding the stripes it touches (lock not held).
 
         Args:
-            stripes: The sum's stripe locks (`begin`).
+            stripes: The sum's stripes (`begin`).
             flat: The sum, flat.
             start: Where ``values`` go in it.
             values: The chunk's values, flat.
             weight: Their weight.
             check: Refuses a block of ``values`` by raising (the workflow's finite check): called
-                on each block just before it is added, so what was added before it stays added.
+                on each block before it is added; the blocks checked before a refused one are
+                added all the same (the sum is then rebuilt without this result).
             adding: Called once, before the first block is added (the sum is changed from then on).
-            before: Called first, while the add counts as in flight (a new sum is zeroed here,
-                outside the aggregator's lock; or this add waits until it is).
         """
+        deferred: list[tuple[int, torch.Tensor]] = []  # blocks checked, their stripe busy
         try:
-            if before is not None:
-                before()
             with torch.no_grad():
-                for offset in range(0, values.numel(), BLOCK_ELEMENTS):
-                    block = values[offset : offset + BLOCK_ELEMENTS]
-                    if check is not None:
-                        check(block)  # outside the stripes: another result may add there meanwhile
-                    if adding is not None:
-                        adding()
-                        adding = None
-                    at = start + offset
-                    first, last = at // STRIPE_ELEMENTS, (at + block.numel() - 1) // STRIPE_ELEMENTS
-                    held = stripes[first : last + 1]  # in order: two adds never wait for each other in a circle
-                    for stripe in held:
-                        stripe.acquire()
-                    try:
-                        flat[at : at + block.numel()].add_(block, alpha=weight)
-                    finally:
-                        for stripe in reversed(held):
-                            stripe.release()
+                try:
+                    for at, block in _blocks(start, values):
+                        if check is not None:
+                            check(block)  # outside the stripes: another result may add there meanwhile
+                        if adding is not None:
+                            adding()
+                            adding = None
+                        deferred.append((at, block))
+                        # A block whose stripe is busy waits while the next ones are checked and
+                        # added: two results that arrive in step (chunk k of each at once) then
+                        # take turns block by block instead of queueing for every stripe.
+                        deferred = [item for item in deferred if not stripes.add(flat, item, weight, wait=False)]
+                finally:  # what was checked is added, also when a later block is refused
+                    for item in deferred:
+                        stripes.add(flat, item, weight, wait=True)
         finally:
             with self._drained:
                 self._adding -= 1
@@ -111,6 +117,66 @@ class StripedAdds:
         with self._drained:
             self._drained.wait_for(lambda: not self._adding)
 
+    def settle(self, name: str, flat: torch.Tensor) -> None:
+        """Zero what no add reached of sum ``name`` before it is read or added to whole (lock held, after `drain`)."""
+        stripes = self._sums.get(name)
+        if stripes is not None:
+            stripes.zero_blank(flat)
+
     def reset(self) -> None:
         """The sums were replaced: forget their stripes (lock held, after `drain`)."""
-        self._stripes = {}
+        self._sums = {}
+
+
+class _Stripes:
+    """One sum's stripe locks, and which stripes hold no value yet (each flag guarded by its stripe's lock)."""
+
+    def __init__(self, count: int, blank: bool) -> None:
+        self.locks = [threading.Lock() for _ in range(count)]
+        self.blank = [blank] * count
+
+    def add(self, flat: torch.Tensor, item: tuple[int, torch.Tensor], weight: float, wait: bool) -> bool:
+        """``flat[at ..] += weight * block`` holding the block's stripes; without ``wait``, only if
+        they are all free (False: nothing added). Stripes are taken in order, so two adds that
+        wait never wait for each other in a circle."""
+        at, block = item
+        first, last = at // STRIPE_ELEMENTS, (at + block.numel() - 1) // STRIPE_ELEMENTS
+        taken = first
+        try:
+            for index in range(first, last + 1):
+                if not self.locks[index].acquire(blocking=wait):
+                    return False
+                taken = index + 1
+            target = flat[at : at + block.numel()]
+            whole_stripe = at == first * STRIPE_ELEMENTS and block.numel() == min(STRIPE_ELEMENTS, flat.numel() - at)
+            if whole_stripe and self.blank[first]:
+                torch.mul(block, weight, out=target)  # the whole stripe at once: nothing to zero first
+                self.blank[first] = False
+                return True
+            for index in range(first, last + 1):
+                if self.blank[index]:
+                    flat[index * STRIPE_ELEMENTS : (index + 1) * STRIPE_ELEMENTS].zero_()
+                    self.blank[index] = False
+            target.add_(block, alpha=weight)
+            return True
+        finally:
+            for index in range(taken - 1, first - 1, -1):
+                self.locks[index].release()
+
+    def zero_blank(self, flat: torch.Tensor) -> None:
+        """Zero the stripes no add has reached (no add in flight)."""
+        for index, blank in enumerate(self.blank):
+            if blank:
+                flat[index * STRIPE_ELEMENTS : (index + 1) * STRIPE_ELEMENTS].zero_()
+                self.blank[index] = False
+
+
+def _blocks(start: int, values: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+    """``values`` (bound for ``start ..`` of a sum) as ``(where, block)``, cut where the sum's
+    blocks end: with stripes a multiple of blocks, each block lies in one stripe."""
+    end = start + values.numel()
+    at = start
+    while at < end:
+        stop = min(end, (at // BLOCK_ELEMENTS + 1) * BLOCK_ELEMENTS)
+        yield at, values[at - start : stop - start]
+        at = stop

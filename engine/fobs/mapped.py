@@ -20,6 +20,9 @@ import torch
 
 _zeros_lock = threading.Lock()
 _zeros: torch.Tensor = torch.empty(0, dtype=torch.uint8)
+#: Views already made, by (numel, dtype); a few sizes are asked for again and again.
+_zeros_made: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+_ZEROS_KEPT = 64
 
 
 def mapped_empty(nbytes: int) -> torch.Tensor:
@@ -35,13 +38,19 @@ def read_only_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
 
     The mapping is read-only: a write to them is a crash, never zeros that silently are not.
     """
+    made = _zeros_made.get((numel, dtype))
+    if made is not None:  # the server's fold asks for the same block size thousands of times a round
+        return made
     nbytes = numel * dtype.itemsize
     global _zeros
     with _zeros_lock:
         if _zeros.numel() < nbytes:
             _zeros = _read_only_mapping(max(nbytes, 2 * _zeros.numel()))
         zeros = _zeros
-    return zeros[:nbytes].view(dtype)
+    made = zeros[:nbytes].view(dtype)
+    if len(_zeros_made) < _ZEROS_KEPT:
+        _zeros_made[(numel, dtype)] = made
+    return made
 
 
 def _read_only_mapping(nbytes: int) -> torch.Tensor:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
 
-from engine.aggregators import striped_adds
+from engine.aggregators import folding, striped_adds
 from engine.aggregators.folding import FoldingModelAggregator
 from engine.aggregators.striped_adds import StripedAdds
 from engine.model import FLModel
@@ -61,7 +62,7 @@ def test_an_add_in_flight_holds_back_whatever_reads_the_sums_whole() -> None:
     flat = torch.zeros(10)
     with lock:
         stripes = adds.begin("w", flat.numel())
-    stripes[0].acquire()  # the add will wait on its stripe: it is in flight meanwhile
+    stripes.locks[0].acquire()  # the add will wait on its stripe: it is in flight meanwhile
     adding = threading.Thread(target=adds.add, args=(stripes, flat, 2, torch.ones(3), 2.0))
     adding.start()
     drained = threading.Event()
@@ -75,7 +76,7 @@ def test_an_add_in_flight_holds_back_whatever_reads_the_sums_whole() -> None:
     draining.start()
     assert not drained.wait(0.3)  # the mean (or a reset) waits for the add
 
-    stripes[0].release()
+    stripes.locks[0].release()
     assert drained.wait(5.0)
     adding.join(5.0)
     draining.join(5.0)
@@ -89,14 +90,14 @@ def test_a_chunk_over_a_stripe_boundary_takes_both_stripes(monkeypatch) -> None:
     flat = torch.zeros(12)
     with lock:
         stripes = adds.begin("w", flat.numel())
-    assert len(stripes) == 3
-    stripes[1].acquire()  # the second stripe is busy: an add over elements 2..5 must wait for it
+    assert len(stripes.locks) == 3
+    stripes.locks[1].acquire()  # the second stripe is busy: an add over elements 2..5 must wait for it
     adding = threading.Thread(target=adds.add, args=(stripes, flat, 2, torch.ones(4), 1.0))
     adding.start()
     adding.join(0.3)
     assert adding.is_alive() and float(flat.sum()) == 0.0
 
-    stripes[1].release()
+    stripes.locks[1].release()
     adding.join(5.0)
     assert flat.tolist() == [0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
 
@@ -139,3 +140,85 @@ def test_a_block_refused_first_leaves_the_sum_untouched() -> None:
         fold.fold_piece("w", 0, torch.full((8,), float("nan")))
     fold.fail("NaN")
     assert aggregator.tainted() == {}  # nothing was added: no rebuild needed
+
+
+def test_a_block_whose_stripe_is_busy_waits_while_the_next_ones_are_added(monkeypatch) -> None:
+    """Two results in step (chunk k of each at once) take turns block by block instead of queueing."""
+    monkeypatch.setattr(striped_adds, "BLOCK_ELEMENTS", 4)
+    monkeypatch.setattr(striped_adds, "STRIPE_ELEMENTS", 4)
+    lock = threading.Lock()
+    adds = StripedAdds()
+    flat = torch.zeros(12)
+    with lock:
+        stripes = adds.begin("w", flat.numel())
+    stripes.locks[0].acquire()  # another result is adding into the first block
+    adding = threading.Thread(target=adds.add, args=(stripes, flat, 0, torch.ones(12), 1.0))
+    adding.start()
+    deadline = time.monotonic() + 5.0
+    while float(flat[4:].sum()) < 8.0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert flat.tolist() == [0.0] * 4 + [1.0] * 8  # the free blocks went in; the busy one waits
+    assert adding.is_alive()
+
+    stripes.locks[0].release()
+    adding.join(5.0)
+    assert not adding.is_alive() and flat.tolist() == [1.0] * 12
+
+
+def test_a_new_sum_is_zeroed_stripe_by_stripe_as_adds_reach_it(monkeypatch) -> None:
+    monkeypatch.setattr(striped_adds, "BLOCK_ELEMENTS", 4)
+    monkeypatch.setattr(striped_adds, "STRIPE_ELEMENTS", 4)
+    lock = threading.Lock()
+    adds = StripedAdds()
+    flat = torch.full((12,), float("nan"))  # what torch.empty may hold
+    with lock:
+        stripes = adds.begin("w", flat.numel(), blank=True)
+    adds.add(stripes, flat, 5, torch.ones(2), 3.0)  # lands in the second stripe only
+    assert flat[4:8].tolist() == [0.0, 3.0, 3.0, 0.0]
+    assert torch.isnan(flat[:4]).all() and torch.isnan(flat[8:]).all()  # not reached: not written
+    with lock:
+        adds.begin("w", flat.numel())
+    adds.add(stripes, flat, 9, torch.ones(3), 2.0)  # the end of the last stripe, not its start
+    assert flat[8:].tolist() == [0.0, 2.0, 2.0, 2.0]
+    with lock:
+        adds.drain()
+        adds.settle("w", flat)
+    assert flat.tolist() == [0.0] * 5 + [3.0] * 2 + [0.0] * 2 + [2.0] * 3
+    with lock:
+        adds.begin("w", flat.numel())
+    adds.add(stripes, flat, 0, torch.ones(4), 1.0)  # settled: added to, not overwritten
+    assert flat[:4].tolist() == [1.0] * 4
+
+
+def test_blank_sums_give_the_exact_mean_with_results_streamed_and_whole(monkeypatch) -> None:
+    """A sum made blank (its memory reused, full of old values) never lets them into the mean:
+    streamed results zero each stripe they reach, a whole result or the mean zero the rest."""
+    monkeypatch.setattr(striped_adds, "BLOCK_ELEMENTS", 1000)
+    monkeypatch.setattr(striped_adds, "STRIPE_ELEMENTS", 1000)
+    made = folding.empty_running_sum
+
+    def garbage_sum(shape, dtype):
+        current = made(shape, dtype)
+        current.total.fill_(float("nan"))
+        return current
+
+    monkeypatch.setattr(folding, "empty_running_sum", garbage_sum)
+    first, second, third = _tensors(1), _tensors(2), _tensors(3)
+    aggregator = FoldingModelAggregator()
+    # site-1 streams half of 'w', then site-2's whole result lands, then site-1 streams the rest.
+    fold = aggregator.open_result(FLModel(meta={"NUM_STEPS_CURRENT_ROUND": 1}), "site-1")
+    fold.check_layout({name: (tuple(t.shape), t.dtype) for name, t in first.items()})
+    flat = first["w"].reshape(-1)
+    fold.fold_piece("w", 0, flat[:150_000])
+    aggregator.accept_model(FLModel(params=second, meta={"NUM_STEPS_CURRENT_ROUND": 2}), "site-2")
+    fold.fold_piece("w", 150_000, flat[150_000:])
+    fold.complete("w")
+    fold.fold("b", first["b"])
+    placeholders = {n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, t in first.items()}
+    aggregator.accept_model(FLModel(params=placeholders, meta={"NUM_STEPS_CURRENT_ROUND": 1}), "site-1")
+    _stream_in_chunks(aggregator, "site-3", third, 3, chunk=70_001)
+
+    mean = aggregator.aggregate_model().params
+    for name in first:
+        expected = (first[name] + 2 * second[name] + 3 * third[name]) / 6
+        assert torch.allclose(mean[name], expected, rtol=0, atol=1e-6), name
