@@ -10,10 +10,15 @@ Both modes use CURVE (fresh key pairs made by the parent, the server's allowlist
 client's key), as every flengine connection does; ``--insecure`` measures them over plain TCP.
 Compare cells with raw pyzmq of the same security, run in turn on the same host.
 
+``--raw --connections K`` spreads each pull over K connections (K DEALER sockets, requests dealt
+in turn, each end with K ZeroMQ I/O threads): libzmq encrypts and decrypts a connection's
+traffic on the one I/O thread that owns it, so this measures what more than one connection per
+transfer could gain on the host, before any such thing is built into cells.
+
 Usage::
 
-    python tools/bench_cells.py [--out FILE] [--raw] [--insecure] [--inline] [--glibc-malloc]
-                                [--repeat N] [--total-mib MIB]
+    python tools/bench_cells.py [--out FILE] [--raw [--connections K]] [--insecure] [--inline]
+                                [--glibc-malloc] [--repeat N] [--total-mib MIB]
 
 Both processes set glibc's allocator as flengine's job processes do for a job whose largest
 chunk is the largest frame measured (`engine.runtime.process.return_freed_memory_to_the_system`):
@@ -116,13 +121,14 @@ def serve_cell(inline: bool) -> None:
         sys.stdin.read()
 
 
-def serve_raw() -> None:
+def serve_raw(connections: int) -> None:
     """Child process: a plain ROUTER answering the same workload; ends when stdin closes.
 
-    With keys it is a CURVE server (no ZAP handler: raw pyzmq checks no allowlist).
+    With keys it is a CURVE server (no ZAP handler: raw pyzmq checks no allowlist). Its context
+    has an I/O thread per connection the client makes.
     """
     chunk = memoryview(os.urandom(MAX_FRAME_BYTES))
-    context = zmq.Context()
+    context = zmq.Context(io_threads=connections)
     router = context.socket(zmq.ROUTER)
     keys = keys_from_environment()
     if keys is not None:
@@ -182,38 +188,50 @@ class CellClient:
 
 
 class RawClient:
-    """Drives the plain pyzmq server from the parent process."""
+    """Drives the plain pyzmq server from the parent process, over one connection or several."""
 
-    def __init__(self, endpoint: str, keys: dict[str, bytes] | None) -> None:
-        self.context = zmq.Context()
-        self.dealer = self.context.socket(zmq.DEALER)
-        if keys is not None:
-            self.dealer.curve_secretkey, self.dealer.curve_publickey = keys["client_secret"], keys["client_public"]
-            self.dealer.curve_serverkey = keys["server_public"]
-        self.dealer.connect(endpoint)
+    def __init__(self, endpoint: str, keys: dict[str, bytes] | None, connections: int = 1) -> None:
+        self.context = zmq.Context(io_threads=connections)
+        self.dealers = []
+        for _ in range(connections):
+            dealer = self.context.socket(zmq.DEALER)
+            if keys is not None:
+                dealer.curve_secretkey, dealer.curve_publickey = keys["client_secret"], keys["client_public"]
+                dealer.curve_serverkey = keys["server_public"]
+            dealer.connect(endpoint)
+            self.dealers.append(dealer)
+        self.dealer = self.dealers[0]
+        self.poller = zmq.Poller()
+        for dealer in self.dealers:
+            self.poller.register(dealer, zmq.POLLIN)
 
     def ping(self) -> None:
         self.dealer.send_multipart([b"ping", b"0"])
         self.dealer.recv_multipart()
 
     def pull(self, size: int, count: int, in_flight: int) -> None:
+        """``count`` frames of ``size`` bytes, ``in_flight`` asked at a time, dealt over the connections in turn."""
         request = [b"chunk", str(size).encode()]
         issued = received = 0
         while issued < min(in_flight, count):
-            self.dealer.send_multipart(request)
+            self.dealers[issued % len(self.dealers)].send_multipart(request)
             issued += 1
         while received < count:
-            if not self.dealer.poll(REQUEST_TIMEOUT_S * 1000):
+            ready = self.poller.poll(REQUEST_TIMEOUT_S * 1000)
+            if not ready:
                 raise TimeoutError("raw server did not answer")
-            frames = self.dealer.recv_multipart(copy=False)
-            assert len(frames[1]) == size
-            received += 1
-            if issued < count:
-                self.dealer.send_multipart(request)
-                issued += 1
+            for dealer, _ in ready:
+                while received < count and dealer.poll(0):
+                    frames = dealer.recv_multipart(copy=False)
+                    assert len(frames[1]) == size
+                    received += 1
+                    if issued < count:
+                        dealer.send_multipart(request)  # the next request on the connection that is free
+                        issued += 1
 
     def close(self) -> None:
-        self.dealer.close(linger=0)
+        for dealer in self.dealers:
+            dealer.close(linger=0)
         self.context.term()
 
 
@@ -249,7 +267,14 @@ def measure_throughput(client: CellClient | RawClient, size_mib: int, in_flight:
 
 
 def run(
-    raw: bool, repeat: int, total_mib: int, rtt_count: int, malloc: str, inline: bool = False, insecure: bool = False
+    raw: bool,
+    repeat: int,
+    total_mib: int,
+    rtt_count: int,
+    malloc: str,
+    inline: bool = False,
+    insecure: bool = False,
+    connections: int = 1,
 ) -> dict:
     mode = "raw" if raw else ("cell-inline" if inline else "cell")
     key_text = None if insecure else make_keys()
@@ -258,7 +283,14 @@ def run(
         env[KEYS_ENV] = json.dumps(key_text)
     keys = None if key_text is None else {name: value.encode() for name, value in key_text.items()}
     child = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--serve", mode, *(["--glibc-malloc"] * (malloc == "glibc"))],
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--serve",
+            mode,
+            f"--connections={connections}",
+            *(["--glibc-malloc"] * (malloc == "glibc")),
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -268,11 +300,12 @@ def run(
         endpoint = child.stdout.readline().strip()
         if not endpoint.startswith("tcp://"):
             raise RuntimeError(f"benchmark server did not start (said {endpoint!r})")
-        client = RawClient(endpoint, keys) if raw else CellClient(endpoint, keys)
+        client = RawClient(endpoint, keys, connections) if raw else CellClient(endpoint, keys)
         try:
             result = _measure(client, mode, repeat, total_mib, rtt_count)
             result["malloc"] = malloc
             result["security"] = "none" if insecure else "curve"
+            result["connections"] = connections
             return result
         finally:
             client.close()
@@ -317,6 +350,7 @@ def _measure(client: CellClient | RawClient, mode: str, repeat: int, total_mib: 
 
 def print_table(result: dict) -> None:
     print(f"mode: {result['mode']}, security {result['security']}, malloc as {result['malloc']}", end="")
+    print(f", {result['connections']} connection(s)", end="")
     print(f"  (median of {result['repeat']} runs, min-max in brackets)")
     p50 = [r["p50"] for r in result["rtt_runs_us"]]
     p99 = [r["p99"] for r in result["rtt_runs_us"]]
@@ -346,16 +380,23 @@ def main(argv: list[str] | None = None) -> int:
         "--inline", action="store_true", help="cells only: run the server's handlers on its I/O thread (inline=True)"
     )
     parser.add_argument("--insecure", action="store_true", help="plain TCP instead of CURVE, in either mode")
+    parser.add_argument(
+        "--connections", type=int, default=1, help="raw only: connections (and I/O threads) a pull is spread over"
+    )
     parser.add_argument("--serve", choices=("cell", "cell-inline", "raw"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     malloc = "glibc" if args.glibc_malloc or not set_malloc_as_jobs_do() else "flengine"
     if args.serve in ("cell", "cell-inline"):
         serve_cell(inline=args.serve == "cell-inline")
         return 0
+    if args.connections < 1 or (args.connections > 1 and not (args.raw or args.serve == "raw")):
+        parser.error("--connections: at least 1, and more than 1 only with --raw")
     if args.serve == "raw":
-        serve_raw()
+        serve_raw(args.connections)
         return 0
-    result = run(args.raw, args.repeat, args.total_mib, args.rtt_count, malloc, args.inline, args.insecure)
+    result = run(
+        args.raw, args.repeat, args.total_mib, args.rtt_count, malloc, args.inline, args.insecure, args.connections
+    )
     print_table(result)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
