@@ -21,6 +21,14 @@ def _tensors(seed: int) -> dict[str, torch.Tensor]:
     return {"w": torch.randn(300_001, generator=generator), "b": torch.randn(7, generator=generator)}
 
 
+def _new_sum(numel: int, fill: float = 0.0, blank: bool = False) -> tuple[StripedAdds, torch.Tensor, object]:
+    """A sum ``w`` of ``numel`` elements, its `StripedAdds`, and one add begun into it (as the aggregator
+    does under its lock: one thread here, so no lock)."""
+    adds = StripedAdds()
+    flat = torch.full((numel,), fill)
+    return adds, flat, adds.begin("w", numel, blank=blank)
+
+
 def _stream_in_chunks(aggregator: FoldingModelAggregator, site: str, tensors: dict, steps: int, chunk: int) -> None:
     fold = aggregator.open_result(FLModel(meta={"NUM_STEPS_CURRENT_ROUND": steps}), site)
     fold.check_layout({name: (tuple(t.shape), t.dtype) for name, t in tensors.items()})
@@ -85,11 +93,7 @@ def test_an_add_in_flight_holds_back_whatever_reads_the_sums_whole() -> None:
 
 def test_a_chunk_over_a_stripe_boundary_takes_both_stripes(monkeypatch) -> None:
     monkeypatch.setattr(striped_adds, "STRIPE_ELEMENTS", 4)
-    lock = threading.Lock()
-    adds = StripedAdds()
-    flat = torch.zeros(12)
-    with lock:
-        stripes = adds.begin("w", flat.numel())
+    adds, flat, stripes = _new_sum(12)
     assert len(stripes.locks) == 3
     stripes.locks[1].acquire()  # the second stripe is busy: an add over elements 2..5 must wait for it
     adding = threading.Thread(target=adds.add, args=(stripes, flat, 2, torch.ones(4), 1.0))
@@ -146,11 +150,7 @@ def test_a_block_whose_stripe_is_busy_waits_while_the_next_ones_are_added(monkey
     """Two results in step (chunk k of each at once) take turns block by block instead of queueing."""
     monkeypatch.setattr(striped_adds, "BLOCK_ELEMENTS", 4)
     monkeypatch.setattr(striped_adds, "STRIPE_ELEMENTS", 4)
-    lock = threading.Lock()
-    adds = StripedAdds()
-    flat = torch.zeros(12)
-    with lock:
-        stripes = adds.begin("w", flat.numel())
+    adds, flat, stripes = _new_sum(12)
     stripes.locks[0].acquire()  # another result is adding into the first block
     adding = threading.Thread(target=adds.add, args=(stripes, flat, 0, torch.ones(12), 1.0))
     adding.start()
@@ -168,24 +168,17 @@ def test_a_block_whose_stripe_is_busy_waits_while_the_next_ones_are_added(monkey
 def test_a_new_sum_is_zeroed_stripe_by_stripe_as_adds_reach_it(monkeypatch) -> None:
     monkeypatch.setattr(striped_adds, "BLOCK_ELEMENTS", 4)
     monkeypatch.setattr(striped_adds, "STRIPE_ELEMENTS", 4)
-    lock = threading.Lock()
-    adds = StripedAdds()
-    flat = torch.full((12,), float("nan"))  # what torch.empty may hold
-    with lock:
-        stripes = adds.begin("w", flat.numel(), blank=True)
+    adds, flat, stripes = _new_sum(12, fill=float("nan"), blank=True)  # NaN: what torch.empty may hold
     adds.add(stripes, flat, 5, torch.ones(2), 3.0)  # lands in the second stripe only
     assert flat[4:8].tolist() == [0.0, 3.0, 3.0, 0.0]
     assert torch.isnan(flat[:4]).all() and torch.isnan(flat[8:]).all()  # not reached: not written
-    with lock:
-        adds.begin("w", flat.numel())
+    adds.begin("w", flat.numel())
     adds.add(stripes, flat, 9, torch.ones(3), 2.0)  # the end of the last stripe, not its start
     assert flat[8:].tolist() == [0.0, 2.0, 2.0, 2.0]
-    with lock:
-        adds.drain()
-        adds.settle("w", flat)
+    adds.drain()
+    adds.settle("w", flat)
     assert flat.tolist() == [0.0] * 5 + [3.0] * 2 + [0.0] * 2 + [2.0] * 3
-    with lock:
-        adds.begin("w", flat.numel())
+    adds.begin("w", flat.numel())
     adds.add(stripes, flat, 0, torch.ones(4), 1.0)  # settled: added to, not overwritten
     assert flat[:4].tolist() == [1.0] * 4
 
