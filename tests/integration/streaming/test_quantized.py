@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from engine import fobs
-from engine.cells import Cell, CellSettings
 from engine.client.into import placement_of, targets_of
 from engine.filters import Quantize
 from engine.fobs.quantized import CODECS
@@ -22,42 +21,16 @@ from engine.model import FLModel, ParamsType, model_from_shareable, register_mod
 from engine.streaming.codec import MessageCodec
 from engine.streaming.disk import DiskDownloads
 from engine.streaming.lazy import LazyRef
-from engine.streaming.service import DownloadService
-from engine.streaming.via_downloader import StreamingContext
+
+from .codec_pair import CodecPair, codec_pair
 
 CHUNK_BYTES = 64 * 1024
 
 
-@dataclass
-class Link:
-    server: Cell
-    service: DownloadService
-    sender: MessageCodec
-    receiver: MessageCodec
-
-
 @pytest.fixture
-def link() -> Iterator[Link]:
-    settings = CellSettings(port=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0)
-    server = Cell("server", settings).start()
-    client = Cell("site-1", settings, connect_to=server.endpoint).start()
-    assert client.wait_connected(timeout_s=10)
-    service = DownloadService(server, sweep_interval_s=0.2)
-    registry = fobs.new_registry()
-    register_model_types(registry)
-    try:
-        yield Link(
-            server,
-            service,
-            MessageCodec(
-                registry, StreamingContext(server, service, CHUNK_BYTES, CHUNK_BYTES, per_request_timeout_s=10)
-            ),
-            MessageCodec(registry, StreamingContext(client, per_request_timeout_s=10)),
-        )
-    finally:
-        service.close()
-        client.stop(timeout_s=3)
-        server.stop(timeout_s=3)
+def link() -> Iterator[CodecPair]:
+    with codec_pair(CHUNK_BYTES) as pair:
+        yield pair
 
 
 def net() -> nn.Module:
@@ -77,7 +50,7 @@ def within_bound(got: torch.Tensor, sent: torch.Tensor, mode: str) -> bool:
 
 
 @pytest.mark.parametrize("mode", list(CODECS))
-def test_a_quantized_model_crosses_in_fewer_bytes_and_comes_back_within_its_bound(link: Link, mode: str) -> None:
+def test_a_quantized_model_crosses_in_fewer_bytes_and_comes_back_within_its_bound(link: CodecPair, mode: str) -> None:
     sent = weights()
     message = Quantize(mode).process(shareable_from_model(FLModel(params=sent, params_type=ParamsType.FULL)), "site-1")
     plain_bytes = sum(t.nbytes for t in sent.values())
@@ -93,7 +66,7 @@ def test_a_quantized_model_crosses_in_fewer_bytes_and_comes_back_within_its_boun
     assert served < plain_bytes * {"int8": 0.27, "int4": 0.14}.get(mode, 0.52), served
 
 
-def test_the_sender_keeps_its_own_model_unquantized(link: Link) -> None:
+def test_the_sender_keeps_its_own_model_unquantized(link: CodecPair) -> None:
     sent = weights()
     original = shareable_from_model(FLModel(params=sent))
     message = Quantize("int8").process(original, "site-1")
@@ -103,7 +76,7 @@ def test_the_sender_keeps_its_own_model_unquantized(link: Link) -> None:
     assert all(isinstance(t, torch.Tensor) for t in sent.values())
 
 
-def test_a_script_receives_the_values_straight_into_its_own_tensors(link: Link) -> None:
+def test_a_script_receives_the_values_straight_into_its_own_tensors(link: CodecPair) -> None:
     module = net()
     pointers = {name: t.data_ptr() for name, t in module.state_dict().items()}
     sent = weights()
@@ -121,7 +94,7 @@ def test_a_script_receives_the_values_straight_into_its_own_tensors(link: Link) 
         assert within_bound(tensor, sent[name], "bf16"), name
 
 
-def test_download_to_disk_gets_lazy_values_on_disk(link: Link, tmp_path: Path) -> None:
+def test_download_to_disk_gets_lazy_values_on_disk(link: CodecPair, tmp_path: Path) -> None:
     sent = weights()
     message = Quantize("int8").process(shareable_from_model(FLModel(params=sent)), "site-1")
     downloads = DiskDownloads(tmp_path / "downloads")
@@ -148,7 +121,7 @@ def fobs_registry() -> fobs.Registry:
     return registry
 
 
-def test_numpy_arrays_come_back_as_numpy_arrays(link: Link) -> None:
+def test_numpy_arrays_come_back_as_numpy_arrays(link: CodecPair) -> None:
     sent = {"w": np.linspace(-1, 1, 5000, dtype=np.float32), "n": np.arange(4)}
     message = Quantize("fp16").process(shareable_from_model(FLModel(params=sent)), "site-1")
     received = model_from_shareable(link.receiver.decode(link.sender.encode(message, ["site-1"]), sender="server"))
@@ -158,7 +131,7 @@ def test_numpy_arrays_come_back_as_numpy_arrays(link: Link) -> None:
     assert np.array_equal(received.params["n"], sent["n"])
 
 
-def test_inline_tensors_travel_exactly(link: Link) -> None:
+def test_inline_tensors_travel_exactly(link: CodecPair) -> None:
     """With a chunk size of 0 nothing streams, so nothing is quantized."""
     inline = MessageCodec(fobs_registry(), replace(link.sender.context, tensor_chunk_bytes=0))
     sent = weights()

@@ -11,14 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from engine import fobs
-from engine.cells import Cell, CellSettings
 from engine.client.into import fill_into, placement_of, targets_of
 from engine.errors import IntoMismatchError
-from engine.model import DXO, DataKind, FLModel, model_from_shareable, register_model_types, shareable_from_model
+from engine.model import DXO, DataKind, FLModel, model_from_shareable, shareable_from_model
 from engine.streaming.codec import MessageCodec
-from engine.streaming.service import DownloadService
-from engine.streaming.via_downloader import StreamingContext
+
+from .codec_pair import codec_pair
 
 CHUNK_BYTES = 4096  # many chunks, some spanning two tensors
 
@@ -35,24 +33,8 @@ class Link:
 
 @pytest.fixture
 def link() -> Iterator[Link]:
-    settings = CellSettings(port=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0)
-    server = Cell("server", settings).start()
-    client = Cell("site-1", settings, connect_to=server.endpoint).start()
-    assert client.wait_connected(timeout_s=10)
-    service = DownloadService(server, sweep_interval_s=0.2)
-    registry = fobs.new_registry()
-    register_model_types(registry)
-    try:
-        yield Link(
-            MessageCodec(
-                registry, StreamingContext(server, service, CHUNK_BYTES, CHUNK_BYTES, per_request_timeout_s=10)
-            ),
-            MessageCodec(registry, StreamingContext(client, per_request_timeout_s=10)),
-        )
-    finally:
-        service.close()
-        client.stop(timeout_s=3)
-        server.stop(timeout_s=3)
+    with codec_pair(CHUNK_BYTES) as pair:
+        yield Link(pair.sender, pair.receiver)
 
 
 def net() -> nn.Module:
