@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -187,9 +188,13 @@ class ResultFold:
         self.fold_piece(item, 0, tensor.reshape(-1))
         self.complete(item)
 
-    def fail(self, reason: str) -> None:
-        """The result will not be committed (it failed or was refused); taints the sum if it folded anything."""
-        self.owner._fail(self, reason)
+    def fail(self, reason: str) -> bool:
+        """The result will not be committed (it failed or was refused); taints the sum if it folded anything.
+
+        Returns:
+            Whether it was failed now: False when it had been committed, failed or forgotten before.
+        """
+        return self.owner._fail(self, reason)
 
 
 class FoldingModelAggregator(ModelAggregator):
@@ -326,15 +331,21 @@ class FoldingModelAggregator(ModelAggregator):
                 raise ResultRefused(f"result of {fold.contributor}: the round's aggregation has closed")
             if name in fold.folded:
                 raise ResultRefused(f"result of {fold.contributor}: {name!r} arrived twice")
+            numel = math.prod(fold.layout[name][0])
+            if start < 0 or start + values.numel() > numel:  # before a sum is made: a refusal leaves none
+                raise ResultRefused(f"result of {fold.contributor}: elements past the end of {name!r}")
             new = name not in self._sums
             current = self._sum_for(fold, name, zeroed=False)
             flat = current.total.view(-1)
-            if start < 0 or start + values.numel() > flat.numel():
-                raise ResultRefused(f"result of {fold.contributor}: elements past the end of {name!r}")
-            stripes = self._adds.begin(name, flat.numel(), blank=new)
+            stripes = self._adds.begin(name, flat.numel(), blank=new)  # with the sum: its blank stripes are known
 
         def adding() -> None:  # a refusal before the first block leaves the sum as it was
+            # Another thread may fail this result meanwhile (the round closing): `_fail` sets
+            # `failed`, then reads `touched`; this sets `touched`, then reads `failed`. One of the
+            # two sees the other's write, so a chunk either lands in a sum marked tainted or not at all.
             fold.touched = True
+            if fold.failed is not None:
+                raise ResultRefused(f"result of {fold.contributor}: the round's aggregation has closed")
 
         # Outside the lock: other results add meanwhile. Each block is checked just before it is added.
         self._adds.add(stripes, flat, start, values, fold.weight, check, adding)
@@ -365,19 +376,22 @@ class FoldingModelAggregator(ModelAggregator):
             raise ResultRefused(f"result of {fold.contributor}: {name!r} does not fit the round's sum")
         return current
 
-    def _fail(self, fold: ResultFold, reason: str) -> None:
+    def _fail(self, fold: ResultFold, reason: str) -> bool:
+        """Fail ``fold`` if it is still open; whether it was (a committed one stays committed)."""
         with self._lock:
-            if self._open.get(fold.contributor) is fold:
-                del self._open[fold.contributor]
-                fold.failed = reason
-                if fold.touched or fold.folded:
-                    self._tainted[fold.contributor] = reason
-                    logger.warning(
-                        "partly folded result failed, round sum tainted: contributor=%s folded=%d reason=%s",
-                        fold.contributor,
-                        len(fold.folded),
-                        reason,
-                    )
+            if self._open.get(fold.contributor) is not fold:
+                return False
+            del self._open[fold.contributor]
+            fold.failed = reason  # before `touched` is read: see `adding` in `_fold_piece`
+            if fold.touched or fold.folded:
+                self._tainted[fold.contributor] = reason
+                logger.warning(
+                    "partly folded result failed, round sum tainted: contributor=%s folded=%d reason=%s",
+                    fold.contributor,
+                    len(fold.folded),
+                    reason,
+                )
+            return True
 
     def tainted(self) -> dict[str, str]:
         """Sites whose partly folded results are in the sum (site -> why they failed); empty when the sum is sound."""
@@ -533,8 +547,8 @@ class FoldingModelAggregator(ModelAggregator):
             if thread.is_alive():
                 why = "the job is stopping" if stop and stop.is_set() else f"not in again within {limit_s:.3g} s"
                 reason = f"its result could not be pulled again after another one failed midway: {why}"
-                fold.fail(reason)
-                failures.setdefault(fold.contributor, reason)
+                if fold.fail(reason):  # not if it was committed meanwhile: then it is in the mean
+                    failures.setdefault(fold.contributor, reason)
         return failures
 
     def _check_whole(self, params: Mapping[str, Any], contributor: str) -> None:
@@ -567,6 +581,9 @@ class FoldingModelAggregator(ModelAggregator):
                 )
             if not self._committed:
                 raise RuntimeError("nothing to aggregate: no contribution was added")
+            counted = set().union(*(fold.folded for fold in self._committed.values()))
+            for name in [name for name in self._sums if name not in counted]:
+                del self._sums[name]  # begun by a result refused before it added anything: no mean of it
             zero = [name for name, s in self._sums.items() if s.weight == 0]
             if zero:
                 raise ValueError(f"total weight is 0 for {len(zero)} value(s), e.g. {zero[0]!r}; no mean exists")

@@ -25,6 +25,7 @@ its own, so the threads folding chunks do not queue for the aggregator's lock tw
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 
 import torch
@@ -87,9 +88,10 @@ class StripedAdds:
             check: Refuses a block of ``values`` by raising (the workflow's finite check): called
                 on each block before it is added; the blocks checked before a refused one are
                 added all the same (the sum is then rebuilt without this result).
-            adding: Called once, before the first block is added (the sum is changed from then on).
+            adding: Called once, before the first block is added (the sum is changed from then on);
+                raising there adds nothing.
         """
-        deferred: list[tuple[int, torch.Tensor]] = []  # blocks checked, their stripe busy
+        deferred: deque[tuple[int, torch.Tensor]] = deque()  # blocks checked, their stripe busy
         try:
             with torch.no_grad():
                 try:
@@ -103,10 +105,13 @@ class StripedAdds:
                         # A block whose stripe is busy waits while the next ones are checked and
                         # added: two results that arrive in step (chunk k of each at once) then
                         # take turns block by block instead of queueing for every stripe.
-                        deferred = [item for item in deferred if not stripes.add(flat, item, weight, wait=False)]
+                        for _ in range(len(deferred)):
+                            item = deferred.popleft()  # out of the queue first: an error never adds it twice
+                            if not stripes.add(flat, item, weight, wait=False):
+                                deferred.append(item)
                 finally:  # what was checked is added, also when a later block is refused
-                    for item in deferred:
-                        stripes.add(flat, item, weight, wait=True)
+                    while deferred:
+                        stripes.add(flat, deferred.popleft(), weight, wait=True)
         finally:
             with self._drained:
                 self._adding -= 1
@@ -150,8 +155,11 @@ class _Stripes:
                 taken = index + 1
             target = flat[at : at + block.numel()]
             whole_stripe = at == first * STRIPE_ELEMENTS and block.numel() == min(STRIPE_ELEMENTS, flat.numel() - at)
-            if whole_stripe and self.blank[first]:
-                torch.mul(block, weight, out=target)  # the whole stripe at once: nothing to zero first
+            if whole_stripe and self.blank[first]:  # the whole stripe at once: nothing to zero first
+                if block.dtype == target.dtype:
+                    torch.mul(block, weight, out=target)
+                else:  # widen first, so the product is taken in the sum's dtype (as `add_` does)
+                    target.copy_(block).mul_(weight)
                 self.blank[first] = False
                 return True
             for index in range(first, last + 1):

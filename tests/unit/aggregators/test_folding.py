@@ -189,6 +189,40 @@ def test_closing_fails_open_results_and_refuses_new_ones() -> None:
         fold.fold("w", tensors["w"])
 
 
+def test_a_result_failed_by_the_round_closing_while_its_chunk_is_checked_adds_nothing_untainted() -> None:
+    """The round closes (another thread) while a straggler's first chunk is being checked: that
+    chunk must not land in a sum that is not tainted, or the mean holds values nobody weighed."""
+    checking, go_on = threading.Event(), threading.Event()
+
+    def slow_check(name: str, tensor: torch.Tensor) -> None:
+        checking.set()
+        assert go_on.wait(10)
+
+    aggregator = FoldingModelAggregator()
+    _stream(aggregator, "site-1", _result(1), 1)
+    tensors = _result(2)
+    fold = aggregator.open_result(_header(1), "site-2", check_tensor=slow_check)
+    fold.check_layout(_layout(tensors))
+    raised: list[BaseException] = []
+
+    def pull() -> None:
+        try:
+            fold.fold("w", tensors["w"])
+        except BaseException as e:  # noqa: BLE001 - looked at below
+            raised.append(e)
+
+    puller = threading.Thread(target=pull)
+    puller.start()
+    assert checking.wait(10)
+    aggregator.close()  # the round's loop: site-2 is still open
+    go_on.set()
+    puller.join(10)
+
+    assert aggregator.tainted() == {}  # nothing of site-2 was added: no rebuild is needed
+    assert len(raised) == 1 and "closed" in str(raised[0])
+    assert torch.equal(aggregator.aggregate_model().params["w"], _result(1)["w"])
+
+
 def test_a_second_result_and_another_params_type_are_refused() -> None:
     aggregator = FoldingModelAggregator()
     _stream(aggregator, "site-1", _result(1), 1)
@@ -340,3 +374,33 @@ def test_a_result_that_does_not_come_again_in_time_is_left_out(monkeypatch: pyte
     assert list(left_out) == ["site-3"] and "not in again within 0.5 s" in left_out["site-3"]
     model = aggregator.aggregate_model()
     assert model.meta["nr_aggregated"] == 1 and torch.equal(model.params["w"], _result(1)["w"])
+
+
+def test_a_result_committed_again_as_its_time_runs_out_counts_and_is_not_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its pull thread has committed it but not yet ended when the rebuild's time is up: it is in
+    the mean, so it is neither reported left out nor released before the mean exists."""
+    monkeypatch.setattr(folding, "MIN_REBUILD_S", 0.2)
+    log: list = []
+
+    class SlowToEnd(FoldingModelAggregator):
+        def _commit(self, fold, names):
+            committed = super()._commit(fold, names)
+            if fold.rebuilding:
+                time.sleep(1.0)  # the thread lives on past the 0.2 s allowed, its result committed
+            return committed
+
+    aggregator = SlowToEnd()
+    _held_stream(aggregator, "site-1", _result(1), 1, log)
+    dying = aggregator.open_result(_header(1), "site-2")
+    dying.check_layout(_layout(_result(2)))
+    dying.fold("w", _result(2)["w"])
+    aggregator.close()
+
+    left_out = aggregator.rebuild()
+
+    assert left_out == {} and ("release", "site-1") not in log
+    model = aggregator.aggregate_model()
+    assert model.meta["nr_aggregated"] == 1 and torch.equal(model.params["w"], _result(1)["w"])
+    assert ("release", "site-1") in log  # once the mean exists

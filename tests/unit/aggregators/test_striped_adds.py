@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from engine.aggregators import folding, striped_adds
+from engine.aggregators import WeightedModelAggregator, folding, striped_adds
 from engine.aggregators.folding import FoldingModelAggregator
 from engine.aggregators.striped_adds import StripedAdds
 from engine.model import FLModel
@@ -215,3 +215,65 @@ def test_blank_sums_give_the_exact_mean_with_results_streamed_and_whole(monkeypa
     for name in first:
         expected = (first[name] + 2 * second[name] + 3 * third[name]) / 6
         assert torch.allclose(mean[name], expected, rtol=0, atol=1e-6), name
+
+
+@pytest.fixture
+def reused_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """New sums full of old values (what ``torch.empty`` may return): they must never reach a mean."""
+    made = folding.empty_running_sum
+
+    def garbage_sum(shape, dtype):
+        current = made(shape, dtype)
+        current.total.fill_(1e6)
+        return current
+
+    monkeypatch.setattr(folding, "empty_running_sum", garbage_sum)
+
+
+def test_a_chunk_refused_for_where_it_lands_makes_no_sum(reused_memory) -> None:
+    aggregator = FoldingModelAggregator()
+    bad = aggregator.open_result(FLModel(meta={"NUM_STEPS_CURRENT_ROUND": 1}), "site-1")
+    bad.check_layout({"w": ((4,), torch.float32)})
+    with pytest.raises(ValueError, match="past the end"):
+        bad.fold_piece("w", 3, torch.ones(4))
+    bad.fail("refused")
+    _stream_in_chunks(aggregator, "site-2", {"w": torch.full((4,), 2.0)}, 1, chunk=3)
+
+    assert aggregator.tainted() == {}
+    assert aggregator.aggregate_model().params["w"].tolist() == [2.0] * 4
+
+
+def test_a_result_refused_on_its_first_block_leaves_no_value_in_the_mean(reused_memory) -> None:
+    def finite(name: str, tensor: torch.Tensor) -> None:
+        if not torch.isfinite(tensor).all():
+            raise ValueError(f"{name!r} holds NaN")
+
+    diff = FLModel(params_type="DIFF", meta={"NUM_STEPS_CURRENT_ROUND": 1})
+    aggregator = FoldingModelAggregator()
+    fold = aggregator.open_result(diff, "site-1")
+    fold.check_layout({"w": ((2,), torch.float32)})
+    fold.fold("w", torch.ones(2))
+    aggregator.accept_model(FLModel(params_type="DIFF", params={"w": torch.empty(2, device="meta")}), "site-1")
+    refused = aggregator.open_result(diff, "site-2", check_tensor=finite)
+    refused.check_layout({"b": ((3,), torch.float32), "w": ((2,), torch.float32)})
+    with pytest.raises(ValueError, match="NaN"):
+        refused.fold_piece("b", 0, torch.full((3,), float("nan")))
+    refused.fail("NaN")
+
+    assert aggregator.tainted() == {}
+    mean = aggregator.aggregate_model().params
+    assert list(mean) == ["w"] and mean["w"].tolist() == [1.0, 1.0]  # site-2's 'b' has no mean: nobody sent one
+
+
+def test_the_first_add_into_a_blank_stripe_widens_before_it_weighs(reused_memory) -> None:
+    """Integers and half floats are weighed in the sum's dtype, as the whole-model aggregator weighs them."""
+    values = {"i": torch.tensor([2**30 + 1, 5]), "h": torch.tensor([0.1, 0.7], dtype=torch.float16)}
+    meta = {"NUM_STEPS_CURRENT_ROUND": 3}
+    folded, whole = FoldingModelAggregator(), WeightedModelAggregator()
+    _stream_in_chunks(folded, "site-1", values, 3, chunk=2)
+    whole.accept_model(FLModel(params=dict(values), meta=meta), "site-1")
+
+    mean, expected = folded.aggregate_model().params, whole.aggregate_model().params
+    assert mean["i"].tolist() == [2**30 + 1, 5]
+    for name in values:
+        assert torch.equal(mean[name], expected[name]), name
