@@ -123,13 +123,18 @@ class JobView:
             lines += self._on_event(event)
         return lines
 
-    def snapshot(self) -> dict[str, Any]:
-        """One JSON-lines object: the job's state now and the events of the last answer that brought it there."""
+    def snapshot(self, final: bool | None = None) -> dict[str, Any]:
+        """One JSON-lines object: the job's state now and the events of the last answer that brought it there.
+
+        Args:
+            final: What its ``final`` says (default: whether the job has ended); a watch says it
+                on its last line only, once the events of the ended job have all been read.
+        """
         return {
             "job_id": self.job_id,
             "status": self.status,
             "reason": self.job.get("reason", ""),
-            "final": self.final,
+            "final": self.final if final is None else final,
             "round": self.round,
             "total_rounds": self.total_rounds,
             "sites": {site: view.to_json() for site, view in self.sites.items()},
@@ -229,16 +234,18 @@ def watch_job(
     view = JobView(job_id)
 
     def poll(offset: int) -> tuple[int, bool]:
-        first = not view.job
+        first, before = not view.job, view.status
         answer = session.command("watch", timeout_s=POLL_TIMEOUT_S, job_id=job_id, offset=offset)
         lines = view.apply(answer)
+        more = bool(answer["more"])
         if fmt == "json":
-            if first or lines or view.new_events:
-                _emit(out, json.dumps(view.snapshot(), default=str))
+            last = view.final and not more  # this poll ends the watch: its line is the final one
+            if first or lines or view.new_events or view.status != before or last:
+                _emit(out, json.dumps(view.snapshot(final=last), default=str))
         else:
             for line in lines:
                 _emit(out, printable(line))
-        return answer["offset"], bool(answer["more"])
+        return answer["offset"], more
 
     code = _until_ended(poll, lambda: view.final, out, fmt, interval_s)
     if code is not None:

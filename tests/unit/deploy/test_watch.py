@@ -150,6 +150,14 @@ def server_folder(daemon: ServerDaemon, job_id: str) -> Path:  # noqa: F811
     return folder
 
 
+def running_on_site_1(daemon: ServerDaemon, job_id: str, event: dict[str, Any]) -> Path:  # noqa: F811
+    """The job RUNNING on site-1, its server's events holding ``event``; the events file."""
+    events = server_folder(daemon, job_id) / "events.jsonl"
+    daemon.store.update(job_id, status="RUNNING", sites=["site-1"])
+    events.write_text(json.dumps(event) + "\n")
+    return events
+
+
 def later(seconds: float, action: Any) -> threading.Thread:
     thread = threading.Thread(target=lambda: (time.sleep(seconds), action()), daemon=True)
     thread.start()
@@ -161,11 +169,8 @@ def test_watch_follows_the_job_until_it_ends_and_exits_0_when_it_completed(
     session: AdminSession,
     job_id: str,
 ) -> None:
-    events = server_folder(daemon, job_id) / "events.jsonl"
-    daemon.store.update(job_id, status="RUNNING", sites=["site-1"])
-    events.write_text(
-        json.dumps({"event": "round_started", "round": 1, "total_rounds": 1, "clients": ["site-1"]}) + "\n"
-    )
+    started = {"event": "round_started", "round": 1, "total_rounds": 1, "clients": ["site-1"]}
+    events = running_on_site_1(daemon, job_id, started)
 
     def job_ends() -> None:
         with events.open("a") as out:
@@ -201,6 +206,25 @@ def test_watch_json_is_one_object_per_update_and_exits_1_for_a_job_that_did_not_
     assert code == 1
     assert (update["status"], update["reason"], update["final"]) == ("FINISHED_ABORTED", "abort command by olga", True)
     assert update["events"][0]["message"] == "\x1b[2Jcleared"  # JSON escapes it itself
+
+
+def test_watch_json_ends_with_a_final_line_when_the_state_changes_after_the_last_event(
+    daemon: ServerDaemon,  # noqa: F811
+    session: AdminSession,
+    job_id: str,
+) -> None:
+    running_on_site_1(daemon, job_id, {"event": "round_started", "round": 1, "total_rounds": 1})
+    out = io.StringIO()
+    # the job's record changes well after its last event was read: that answer brings no event
+    ending = later(0.5, lambda: daemon.store.update(job_id, status="FINISHED_EXECUTION_EXCEPTION", reason="boom"))
+
+    code = watch_job(session, job_id, "json", out=out, interval_s=0.05)
+    ending.join()
+
+    updates = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert code == 1
+    assert [update["final"] for update in updates] == [False] * (len(updates) - 1) + [True]
+    assert (updates[-1]["status"], updates[-1]["reason"]) == ("FINISHED_EXECUTION_EXCEPTION", "boom")
 
 
 def test_watch_text_escapes_what_the_job_wrote(
