@@ -46,10 +46,10 @@ def read_only_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
     with _zeros_lock:
         if _zeros.numel() < nbytes:
             _zeros = _read_only_mapping(max(nbytes, 2 * _zeros.numel()))
-        zeros = _zeros
-    made = zeros[:nbytes].view(dtype)
-    if len(_zeros_made) < _ZEROS_KEPT:
-        _zeros_made[(numel, dtype)] = made
+            _zeros_made.clear()  # the views of the smaller mapping would keep it mapped
+        made = _zeros[:nbytes].view(dtype)
+        if len(_zeros_made) < _ZEROS_KEPT:
+            _zeros_made[(numel, dtype)] = made
     return made
 
 

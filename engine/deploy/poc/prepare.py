@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import random
 import socket
 import tempfile
 from pathlib import Path
@@ -162,14 +163,28 @@ def taken_ports(host: str, first: int, count: int) -> list[int]:
 
 
 def free_port_block(count: int, host: str = "127.0.0.1") -> int:
-    """A port p such that p .. p + count - 1 are free on ``host`` now (a server and its job ports)."""
+    """A port p such that p .. p + count - 1 are free on ``host`` now (a server and its job ports).
+
+    Drawn below the kernel's ephemeral range: a port in it may be taken at any moment as the
+    source port of an outgoing connection (a site's to the server, say), so a job port picked
+    there could be in use by the time the job's process binds it.
+    """
+    below = min(_ephemeral_low(), 32768)
+    if below - count <= 10_000:  # an unusual range that starts low: draw under Linux's default start
+        below = 32768
     for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            first = probe.getsockname()[1]
-        if first + count <= 65000 and not taken_ports(host, first, count):
+        first = random.randrange(10_000, below - count)
+        if not taken_ports(host, first, count):
             return first
     raise PocError(f"no block of {count} free ports on {host}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def check_ports_free(host: str, first: int, poc: PocFolder, command: str) -> None:

@@ -72,16 +72,18 @@ def test_round_phases_add_up_to_the_time_between_the_round_events(finished_run: 
 
 
 def test_transfers_carry_the_model_size_and_the_measured_speed(finished_run: FinishedRun) -> None:
-    uploads = [e for e in events(finished_run.workspace, "server") if e["event"] == "result_received"]
-    downloads = [e for site in SITES for e in events(finished_run.workspace, site) if e["event"] == "task_received"]
+    uploads = [(e["site"], e) for e in events(finished_run.workspace, "server") if e["event"] == "result_received"]
+    downloads = [
+        (site, e) for site in SITES for e in events(finished_run.workspace, site) if e["event"] == "task_received"
+    ]
 
     timeline = build_timeline(read_workspace(finished_run.workspace))
 
     assert {t.bytes for t in timeline.transfers} == {MODEL_BYTES}
-    by_end = {(t.direction, round(t.end, 4)): t for t in timeline.transfers}
+    by_end = {(t.direction, t.site, round(t.end, 4)): t for t in timeline.transfers}  # two sites may end together
     for direction, raw in (("upload", uploads), ("download", downloads)):
-        for event in raw:
-            transfer = by_end[(direction, round(event["at"], 4))]
+        for site, event in raw:
+            transfer = by_end[(direction, site, round(event["at"], 4))]
             assert transfer.mib_per_s == pytest.approx(MODEL_BYTES / event["seconds"] / 2**20)
     assert sorted(t.round for t in timeline.transfers) == sorted(list(range(1, ROUNDS + 1)) * 4)
 
