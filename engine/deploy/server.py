@@ -47,6 +47,7 @@ from engine.deploy.job_process import JobProcess
 from engine.deploy.job_store import MAX_RESUMES, JobRecord, JobStore, utc_now
 from engine.deploy.job_summary import write_job_summary
 from engine.deploy.kit_reload import KitChange, KitWatcher
+from engine.deploy.ports import port_taken
 from engine.deploy.results import take_results
 from engine.deploy.resume import resume_placement
 from engine.deploy.scheduler import Impossible, Placement, SiteState, place
@@ -100,6 +101,7 @@ class ServerDaemon:
         self.workspace = private_folder(Path(workspace).resolve())
         first = kit.server.port + 1
         self._free_ports = collections.deque(job_ports or range(first, first + protocol.DEFAULT_JOB_PORTS))
+        self._passed_over: set[int] = set()  # free job ports another program held when last looked at
         self.participants = load_participants(kit.folder / PARTICIPANTS_FILE)
         self.store = JobStore(self.workspace / "jobs")
         self.audit = AuditLog(self.workspace / "audit.log")
@@ -416,11 +418,13 @@ class ServerDaemon:
         with self._lock:
             if record.job_id in self._running or self.store.get(record.job_id).status != JobState.SUBMITTED.value:
                 return  # aborted meanwhile (abort_job takes the same lock)
-            port = self._free_ports.popleft()
-            if record.resumes and record.port in self._free_ports:  # the port its sites knew, if free
-                self._free_ports.append(port)
-                self._free_ports.remove(record.port)
-                port = record.port
+            port = self._usable_port(record)
+            if port is None:
+                listed = ", ".join(map(str, self._free_ports))
+                self._waiting[record.job_id] = (
+                    f"waiting for a free job port: {listed} on {self.kit.server.bind_host} are in use by other programs"
+                )
+                return
             self._waiting.pop(record.job_id, None)
             running = RunningJob(record, placement, port)
             self._running[record.job_id] = running
@@ -430,6 +434,30 @@ class ServerDaemon:
             log.exception("job %s could not be started", record.job_id)
             abort_sites(self.endpoint.cell, record.job_id, list(placement.sites), "the server could not start the job")
             self._finish(record.job_id, JobState.FINISHED_EXECUTION_EXCEPTION.value, f"could not start: {e}")
+
+    def _usable_port(self, record: JobRecord) -> int | None:
+        """Take a free job port that no other program holds now (held under the lock); None if there is none.
+
+        A resumed job gets the port its sites knew when it is free. A port another program
+        listens on is passed over (the job's process would fail to bind it) and kept for later.
+        """
+        ports = list(self._free_ports)
+        if record.resumes and record.port in ports:
+            ports.remove(record.port)
+            ports.insert(0, record.port)
+        for port in ports:
+            try:
+                taken = port_taken(self.kit.server.bind_host, port)
+            except OSError:
+                taken = False  # not this probe's to judge: the job's process reports what its bind meets
+            if not taken:
+                self._passed_over.discard(port)
+                self._free_ports.remove(port)
+                return port
+            if port not in self._passed_over:  # said once, not at every look of the scheduler
+                self._passed_over.add(port)
+                log.warning("job port %d is in use by another program; passed over until it is free", port)
+        return None
 
     def _launch(self, running: RunningJob) -> None:
         """Deploy to the sites, start them, start the server's job process; stop at an abort."""

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
 import random
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -14,6 +12,7 @@ from typing import Any
 from engine.deploy import protocol
 from engine.deploy.folders import private_folder
 from engine.deploy.poc.folder import ADMIN_NAME, HOST, PROJECT_NAME, PocError, PocFolder, read_daemons
+from engine.deploy.ports import port_taken
 from engine.errors import UsageError
 from engine.provision import ProvisionReport, load_project, provision
 
@@ -151,14 +150,11 @@ def taken_ports(host: str, first: int, count: int) -> list[int]:
     """
     taken = []
     for port in range(first, first + count):
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((host, port))
-            except OSError as e:
-                if e.errno != errno.EADDRINUSE:
-                    raise PocError(f"cannot bind {host}:{port} to check it: {e.strerror or e}") from e
+        try:
+            if port_taken(host, port):
                 taken.append(port)
+        except OSError as e:
+            raise PocError(f"cannot bind {host}:{port} to check it: {e.strerror or e}") from e
     return taken
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -163,13 +164,19 @@ def test_a_job_submitted_to_a_deployed_project_runs_on_both_sites_and_downloads(
     for site in SITES:
         deployment.start(site, "client")
     deployment.wait_connected(*SITES)
+    with socket.socket() as other_program:  # holds the first job port: the job takes the next one
+        other_program.bind(("127.0.0.1", deployment.port + 1))
+        other_program.listen()
 
-    submitted = deployment.admin("alice", "submit", str(job))
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.split()[1]
-    record = deployment.wait_status(job_id, "FINISHED_COMPLETED", "FINISHED_EXECUTION_EXCEPTION", "FINISHED_REJECTED")
+        submitted = deployment.admin("alice", "submit", str(job))
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.split()[1]
+        record = deployment.wait_status(
+            job_id, "FINISHED_COMPLETED", "FINISHED_EXECUTION_EXCEPTION", "FINISHED_REJECTED"
+        )
 
     assert record["status"] == "FINISHED_COMPLETED", record
+    assert record["port"] == deployment.port + 2
     assert sorted(record["sites"]) == list(SITES)
     downloaded = deployment.admin("alice", "download", job_id, "-o", str(tmp_path / "results"))
     assert downloaded.returncode == 0, downloaded.stderr
