@@ -47,7 +47,7 @@ from engine.deploy.job_process import JobProcess
 from engine.deploy.job_store import MAX_RESUMES, JobRecord, JobStore, utc_now
 from engine.deploy.job_summary import write_job_summary
 from engine.deploy.kit_reload import KitChange, KitWatcher
-from engine.deploy.ports import port_taken
+from engine.deploy.ports import JobPorts
 from engine.deploy.results import take_results
 from engine.deploy.resume import resume_placement
 from engine.deploy.scheduler import Impossible, Placement, SiteState, place
@@ -100,8 +100,7 @@ class ServerDaemon:
         self.kit = kit
         self.workspace = private_folder(Path(workspace).resolve())
         first = kit.server.port + 1
-        self._free_ports = collections.deque(job_ports or range(first, first + protocol.DEFAULT_JOB_PORTS))
-        self._passed_over: set[int] = set()  # free job ports another program held when last looked at
+        self._ports = JobPorts(job_ports or range(first, first + protocol.DEFAULT_JOB_PORTS), kit.server.bind_host)
         self.participants = load_participants(kit.folder / PARTICIPANTS_FILE)
         self.store = JobStore(self.workspace / "jobs")
         self.audit = AuditLog(self.workspace / "audit.log")
@@ -381,7 +380,7 @@ class ServerDaemon:
             if self.stopped.is_set():
                 return
             with self._lock:
-                if not self._free_ports:
+                if not self._ports:
                     self._waiting[record.job_id] = "waiting for a free job port (too many jobs running)"
                     return
             try:
@@ -418,12 +417,9 @@ class ServerDaemon:
         with self._lock:
             if record.job_id in self._running or self.store.get(record.job_id).status != JobState.SUBMITTED.value:
                 return  # aborted meanwhile (abort_job takes the same lock)
-            port = self._usable_port(record)
+            port = self._ports.take(record.port if record.resumes else None)  # a resumed job: the port its sites knew
             if port is None:
-                listed = ", ".join(map(str, self._free_ports))
-                self._waiting[record.job_id] = (
-                    f"waiting for a free job port: {listed} on {self.kit.server.bind_host} are in use by other programs"
-                )
+                self._waiting[record.job_id] = f"waiting for a free job port: {self._ports.held_elsewhere()}"
                 return
             self._waiting.pop(record.job_id, None)
             running = RunningJob(record, placement, port)
@@ -434,30 +430,6 @@ class ServerDaemon:
             log.exception("job %s could not be started", record.job_id)
             abort_sites(self.endpoint.cell, record.job_id, list(placement.sites), "the server could not start the job")
             self._finish(record.job_id, JobState.FINISHED_EXECUTION_EXCEPTION.value, f"could not start: {e}")
-
-    def _usable_port(self, record: JobRecord) -> int | None:
-        """Take a free job port that no other program holds now (held under the lock); None if there is none.
-
-        A resumed job gets the port its sites knew when it is free. A port another program
-        listens on is passed over (the job's process would fail to bind it) and kept for later.
-        """
-        ports = list(self._free_ports)
-        if record.resumes and record.port in ports:
-            ports.remove(record.port)
-            ports.insert(0, record.port)
-        for port in ports:
-            try:
-                taken = port_taken(self.kit.server.bind_host, port)
-            except OSError:
-                taken = False  # not this probe's to judge: the job's process reports what its bind meets
-            if not taken:
-                self._passed_over.discard(port)
-                self._free_ports.remove(port)
-                return port
-            if port not in self._passed_over:  # said once, not at every look of the scheduler
-                self._passed_over.add(port)
-                log.warning("job port %d is in use by another program; passed over until it is free", port)
-        return None
 
     def _launch(self, running: RunningJob) -> None:
         """Deploy to the sites, start them, start the server's job process; stop at an abort."""
@@ -598,7 +570,7 @@ class ServerDaemon:
             job = self._running.pop(job_id, None)
             self._waiting.pop(job_id, None)
             if job is not None:
-                self._free_ports.append(job.port)  # last in the line: a late client of this job finds nobody
+                self._ports.give_back(job.port)
         if job is not None:
             job.finished.set()
 
