@@ -176,9 +176,13 @@ def _encode_blocks(blocks: np.ndarray, records: np.ndarray, levels: int) -> None
     scales = np.abs(blocks).max(axis=1) / np.float32(levels)
     # A block of zeros has scale 0: its values divide to 0 rather than NaN. A block with a NaN or
     # an infinity gets a NaN or infinite scale, so it decodes to non-finite values and is refused.
-    inverse = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales > 0)
+    with np.errstate(over="ignore"):
+        inverse = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales > 0)
     with np.errstate(invalid="ignore"):  # NaN values of such a block: their bytes do not matter
         quantized = np.rint(blocks * inverse[:, None])
+        tiny = np.isinf(inverse)  # a scale below 1 / float32's largest: divided, as 0 * inf is NaN
+        if tiny.any():
+            quantized[tiny] = np.rint(blocks[tiny] / scales[tiny, None])
         np.clip(quantized, -levels, levels, out=quantized)
         codes = quantized.astype(np.int8)
     records[:, :4] = scales.astype("<f4").view(np.uint8).reshape(-1, 4)

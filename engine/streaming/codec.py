@@ -124,7 +124,7 @@ class MessageCodec:
             if sink is not None:
                 changes["tensor_consumer"] = functools.partial(FoldingConsumer, sink=sink)
             elif place is not None:
-                targets = {item.item: tensor for item, tensor in place(peeked).items() if item.kind == "tensors"}
+                targets = {item.item: tensor for item, tensor in place(peeked).items() if item.is_tensor}
                 if targets:
                     changes["targets"] = targets
             del peeked

@@ -11,6 +11,9 @@ download costs the receiver what a plain one does, plus a record or two per chun
 Everything in the metadata is checked against the wire layout before a byte is reserved: the
 entries it names exist, have the wire dtype of their mode and exactly the bytes their logical
 shape needs, and the logical dtype is a float one. The logical size is what a budget is charged.
+Whatever chunk size the sender gives, values are decoded and handed on `DECODE_SLICE_BYTES` of
+wire at a time, so the receiver's scratch never grows with it; a plain (unquantized) entry of
+such a stream is handed on in whole elements, as a consumer of the logical stream expects.
 """
 
 from __future__ import annotations
@@ -26,9 +29,15 @@ import torch
 from engine.errors import SerializationError, StreamingError
 from engine.fobs.dtypes import torch_dtype
 from engine.fobs.quantized import LOGICAL_DTYPES, QUANTIZED_METADATA_KEY, WireCodec, codec_of, convert
-from engine.fobs.tensor_layout import TensorEntry, is_header_int
+from engine.fobs.tensor_layout import TensorEntry, header_nbytes, is_header_int, shown
 from engine.streaming.consumers import StreamConsumer
 from engine.streaming.layout import StreamLayout
+
+#: Wire bytes decoded (or, for a plain entry, handed on) in one piece: a sender whose chunks are
+#: larger (its say, up to the cell's message size) costs the receiver no larger scratch.
+DECODE_SLICE_BYTES = 1 << 20
+#: The largest tensor torch can make, in bytes (its sizes are signed 64-bit).
+_TORCH_MAX_BYTES = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -38,11 +47,7 @@ class Dequantized:
     codec: WireCodec
     shape: tuple[int, ...]
     dtype: torch.dtype
-
-    @property
-    def numel(self) -> int:
-        """Values of the entry."""
-        return math.prod(self.shape)
+    numel: int
 
 
 @dataclass(frozen=True)
@@ -58,16 +63,18 @@ class DequantizePlan:
     entries: Mapping[str, Dequantized]
 
     def logical_chunk_bytes(self, chunk_bytes: int) -> int:
-        """The largest piece of the logical stream that one wire chunk (or one record) turns into.
+        """The largest piece of the logical stream that `DequantizingConsumer` writes at once.
 
-        Never more than the logical stream (a sender's chunk size is its own say).
+        What one wire chunk (at most `DECODE_SLICE_BYTES` of it: larger chunks are decoded a
+        slice at a time) or one record turns into; never more than the logical stream.
         """
         growth, record_values = 1, 0
         for plan in self.entries.values():
             itemsize = plan.dtype.itemsize
             growth = max(growth, math.ceil(itemsize * 8 / plan.codec.bits))
             record_values = max(record_values, plan.codec.values_per_record * itemsize)
-        size = min(max(chunk_bytes * growth, record_values), self.logical.total_bytes)
+        wire_piece = min(chunk_bytes, DECODE_SLICE_BYTES)
+        size = min(max(wire_piece * growth, record_values), self.logical.total_bytes)
         return max(size + (-size % 8), 8)
 
 
@@ -94,13 +101,13 @@ def plan_of(layout: StreamLayout) -> DequantizePlan | None:
     for entry in layout.entries:
         plan = plans.get(entry.name)
         shape, dtype = (plan.shape, plan.dtype) if plan else (entry.shape, torch_dtype(entry.dtype))
-        logical_meta[entry.name] = torch.empty(shape, dtype=dtype, device="meta")
+        logical_meta[entry.name] = _placeholder(entry.name, shape, dtype)
     metadata = {key: value for key, value in (layout.metadata or {}).items() if key != QUANTIZED_METADATA_KEY}
     return DequantizePlan(StreamLayout.of_tensors(logical_meta, metadata or None), plans)
 
 
 def _plan_of_entry(name: str, spec: object, entry: TensorEntry | None) -> Dequantized:
-    where = f"quantized entry {name!r}"
+    where = f"quantized entry {shown(name)}"
     if entry is None:
         raise StreamingError(f"{where}: the stream has no such entry")
     if not (isinstance(spec, list) and len(spec) == 3):
@@ -114,15 +121,24 @@ def _plan_of_entry(name: str, spec: object, entry: TensorEntry | None) -> Dequan
     if dtype is None:
         raise StreamingError(f"{where}: dtype {str(dtype_name)[:20]!r} is not one a tensor is quantized from")
     if not (isinstance(shape, list) and all(is_header_int(n) for n in shape)):
-        raise StreamingError(f"{where}: invalid shape {str(shape)[:80]}")
+        raise StreamingError(f"{where}: invalid shape {shown(shape)}")
     if entry.dtype != codec.wire_dtype:
         raise StreamingError(f"{where}: {mode} travels as {codec.wire_dtype}, the stream says {entry.dtype}")
-    numel = math.prod(shape)
-    if codec.wire_nbytes(numel) != entry.nbytes:
-        raise StreamingError(
-            f"{where}: {numel} values in {mode} take {codec.wire_nbytes(numel)} bytes, the stream gives {entry.nbytes}"
-        )
-    return Dequantized(codec, tuple(shape), dtype)
+    # Multiplied with a bound, never in full: a hostile shape may list millions of dims.
+    numel = header_nbytes(shape, 1)
+    if numel is None or codec.wire_nbytes(numel) != entry.nbytes:
+        values = "more than 2**64 - 1" if numel is None else str(numel)
+        needs = "" if numel is None else f" take {codec.wire_nbytes(numel)} bytes,"
+        raise StreamingError(f"{where}: {values} values in {mode}{needs} the stream gives {entry.nbytes} bytes")
+    return Dequantized(codec, tuple(shape), dtype, numel)
+
+
+def _placeholder(name: str, shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A meta tensor of the logical layout; refused (never raised by torch) where torch cannot hold it."""
+    nbytes = header_nbytes(shape, dtype.itemsize)
+    if nbytes is None or nbytes > _TORCH_MAX_BYTES:
+        raise StreamingError(f"entry {shown(name)}: shape {shown(list(shape))} of {dtype} is larger than a tensor can be")
+    return torch.empty(shape, dtype=dtype, device="meta")
 
 
 class DequantizingConsumer(StreamConsumer):
@@ -143,6 +159,7 @@ class DequantizingConsumer(StreamConsumer):
         logical = {entry.name: entry for entry in plan.logical.entries}
         self._logical_start = plan.logical.data_start
         self._targets = [(logical[entry.name], plan.entries.get(entry.name)) for entry in wire.entries]
+        self._itemsizes = [torch_dtype(entry.dtype).itemsize for entry in wire.entries]
         self._straddling: dict[tuple[int, int], tuple[bytearray, int]] = {}
         self._wire_scratch: np.ndarray | None = None
         self._decoded: torch.Tensor | None = None
@@ -153,28 +170,38 @@ class DequantizingConsumer(StreamConsumer):
         for index, begin, part in self._entry_parts(offset, piece):
             self._take(index, begin, part)
 
+    def _record_bytes(self, index: int) -> int:
+        """Bytes of a record of wire entry ``index``: a quantized record, or one element of a plain entry."""
+        plan = self._targets[index][1]
+        return plan.codec.record_bytes if plan is not None else self._itemsizes[index]
+
+    def _span(self, index: int, record: int) -> tuple[int, int]:
+        """Where record ``record`` of wire entry ``index`` begins and ends in the entry."""
+        plan = self._targets[index][1]
+        if plan is None:
+            itemsize = self._itemsizes[index]
+            return record * itemsize, (record + 1) * itemsize
+        return plan.codec.record_span(record, plan.numel)
+
     def _take(self, index: int, begin: int, part: memoryview) -> None:
         """Bytes ``[begin, begin + len(part))`` of wire entry ``index``."""
-        logical, plan = self._targets[index]
-        if plan is None:  # not quantized: as it came
-            self._inner.write_at(self._logical_start + logical.begin + begin, part)
-            return
-        codec, end = plan.codec, begin + part.nbytes
-        first, last = begin // codec.record_bytes, (end - 1) // codec.record_bytes
-        whole_from = first if begin == codec.record_span(first, plan.numel)[0] else first + 1
-        whole_to = last if codec.record_span(last, plan.numel)[1] == end else last - 1
-        if whole_from <= whole_to:
-            start = codec.record_span(whole_from, plan.numel)[0]
-            stop = codec.record_span(whole_to, plan.numel)[1]
-            self._values(index, whole_from, part[start - begin : stop - begin], whole_to - whole_from + 1)
+        record_bytes, end = self._record_bytes(index), begin + part.nbytes
+        first, last = begin // record_bytes, (end - 1) // record_bytes
+        whole_from = first if begin == self._span(index, first)[0] else first + 1
+        whole_to = last if self._span(index, last)[1] == end else last - 1
+        per_call = max(1, DECODE_SLICE_BYTES // record_bytes)
+        for record in range(whole_from, whole_to + 1, per_call):
+            count = min(per_call, whole_to + 1 - record)
+            start, stop = self._span(index, record)[0], self._span(index, record + count - 1)[1]
+            self._whole(index, record, part[start - begin : stop - begin], count)
         edges = {first, last} - ({whole_from, whole_to} if whole_from <= whole_to else set())
         for record in edges:  # the records only partly in this part (at most one at each end)
-            span_begin, span_end = codec.record_span(record, plan.numel)
+            span_begin, span_end = self._span(index, record)
             low, high = max(span_begin, begin), min(span_end, end)
             self._straddle(index, record, low - span_begin, part[low - begin : high - begin], span_end - span_begin)
 
     def _straddle(self, index: int, record: int, at: int, part: memoryview, size: int) -> None:
-        """Part of a record that straddles two chunks; decoded once all of it is in."""
+        """Part of a record that straddles two chunks; handed on once all of it is in."""
         buffer, filled = self._straddling.get((index, record), (None, 0))
         if buffer is None:
             buffer = bytearray(size)
@@ -184,18 +211,23 @@ class DequantizingConsumer(StreamConsumer):
             self._straddling[(index, record)] = (buffer, filled)
             return
         self._straddling.pop((index, record), None)
-        self._values(index, record, memoryview(buffer), 1)
+        self._whole(index, record, memoryview(buffer), 1)
 
-    def _values(self, index: int, record: int, records: memoryview, count: int) -> None:
-        """Decode ``count`` whole records from ``record`` on and write their values in place."""
+    def _whole(self, index: int, record: int, records: memoryview, count: int) -> None:
+        """``count`` whole records from ``record`` on, written in place as values."""
         logical, plan = self._targets[index]
+        if plan is None:  # not quantized: as it came, in whole elements
+            where = self._logical_start + logical.begin + record * self._itemsizes[index]
+            self._inner.write_at(where, records)
+            return
         codec = plan.codec
         first_value = record * codec.values_per_record
         numel = min((record + count) * codec.values_per_record, plan.numel) - first_value
         if self._decoded is None:  # made once per download and reused: chunks never fragment the heap
             codecs = [p.codec for _, p in self._targets if p is not None]
             # The most wire bytes one call decodes, and the most values they hold (int4: two a byte).
-            largest = max(min(self.chunk_bytes, self.total_bytes), *(c.record_bytes for c in codecs))  # sender's say
+            wire_piece = min(self.chunk_bytes, self.total_bytes, DECODE_SLICE_BYTES)  # chunks: the sender's say
+            largest = max(wire_piece, *(c.record_bytes for c in codecs))
             values = max(-(-largest * 8 // min(c.bits for c in codecs)), *(c.values_per_record for c in codecs))
             self._wire_scratch = np.empty(largest, dtype=np.uint8)
             self._decoded = torch.empty(values, dtype=torch.float32)

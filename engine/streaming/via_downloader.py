@@ -165,10 +165,18 @@ class StreamedItem:
             value that travels in the message itself, ``"file"`` for an object of a file-based
             decomposer (only ``"tensors"`` items can be placed).
         item: Its key in that download's stream (``""`` for inline values).
+        as_numpy: It comes back as a numpy array (a quantized array travels in the tensors'
+            download).
     """
 
     kind: str
     item: str = ""
+    as_numpy: bool = False
+
+    @property
+    def is_tensor(self) -> bool:
+        """Whether it streams as a torch tensor: what a fold, or a script's own tensors, can take."""
+        return self.kind == "tensors" and not self.as_numpy
 
 
 #: The placeholder of a tensor or array that travels inline (chunk size 0).
@@ -282,7 +290,7 @@ class _ViaDownloader(ABC):
         try:
             downloaded = ctx.state[self.kind]
             if downloaded is _PEEKED:
-                return StreamedItem(self.kind, str(data["item"]))
+                return StreamedItem(self.kind, str(data["item"]), as_numpy)
             if isinstance(downloaded, LazyTensorDict):
                 return downloaded.make_lazy_ref(data["item"], as_numpy=as_numpy)
             return downloaded[data["item"]]

@@ -74,8 +74,8 @@ class FoldedResults:
         except ValueError:
             return None
         params = model.params or {}
-        if not params or not all(getattr(v, "kind", None) == "tensors" for v in params.values()):
-            return None  # inline values, arrays, nothing to fold: received whole
+        if not params or not all(getattr(v, "is_tensor", False) for v in params.values()):
+            return None  # inline values, arrays (quantized ones too), nothing to fold: received whole
         items = {str(value.item): name for name, value in params.items()}
         if len(items) != len(params):
             return None

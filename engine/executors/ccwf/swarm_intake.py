@@ -426,9 +426,7 @@ def fold_tensors(fold: ResultFold, params: Mapping[str, torch.Tensor]) -> None:
 
 def _streamed_items(data: Mapping[str, Any]) -> dict[str, str] | None:
     """Stream item -> param name when every value of a peeked DXO streams as a torch tensor, else None."""
-    items = {
-        value.item: name for name, value in data.items() if isinstance(value, StreamedItem) and value.kind == "tensors"
-    }
+    items = {value.item: name for name, value in data.items() if isinstance(value, StreamedItem) and value.is_tensor}
     return items if items and len(items) == len(data) else None
 
 

@@ -131,6 +131,25 @@ def test_numpy_arrays_come_back_as_numpy_arrays(link: CodecPair) -> None:
     assert np.array_equal(received.params["n"], sent["n"])
 
 
+def test_a_quantized_array_is_neither_folded_nor_placed(link: CodecPair) -> None:
+    """It travels in the tensors' download but comes back as a numpy array: a fold (which leaves
+    meta placeholders) or a script's own torch tensors cannot take it, so the peek says so."""
+    sent = {"w": np.linspace(-1, 1, 5000, dtype=np.float32), "t": torch.linspace(-1, 1, 3000)}
+    message = Quantize("int8").process(shareable_from_model(FLModel(params=sent)), "site-1")
+    peeked: dict[str, bool] = {}
+
+    def fold(header):  # the server's choice is made on this peek (engine.workflows.round_folding)
+        peeked.update({name: item.is_tensor for name, item in model_from_shareable(header).params.items()})
+
+    received = model_from_shareable(
+        link.receiver.decode(link.sender.encode(message, ["site-1"]), sender="server", fold=fold)
+    )
+
+    assert peeked == {"w": False, "t": True}
+    assert isinstance(received.params["w"], np.ndarray) and np.abs(received.params["w"] - sent["w"]).max() <= 1 / 127
+    assert isinstance(received.params["t"], torch.Tensor)
+
+
 def test_inline_tensors_travel_exactly(link: CodecPair) -> None:
     """With a chunk size of 0 nothing streams, so nothing is quantized."""
     inline = MessageCodec(fobs_registry(), replace(link.sender.context, tensor_chunk_bytes=0))

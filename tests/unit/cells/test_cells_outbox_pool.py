@@ -132,7 +132,9 @@ def test_an_idle_worker_is_not_woken_when_another_finishes_a_job() -> None:
         time.sleep(0.002)
     woken = sum(_switches(t) - b for t, b in zip(idle, before, strict=True))
     # One wake-up per job (a few more for the GIL), not two: finishing a job woke nobody.
-    assert woken < 50 * 2.4  # 1.8-1.9 here; 2.9-3.5 when each finished job woke another worker
+    # 1.8-1.9 a job here, 2.44 once while other processes loaded both cores; 2.9-3.5 when each
+    # finished job woke another worker.
+    assert woken < 50 * 2.7
     assert pool.stop(time.monotonic() + 5) == 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from engine.errors import SerializationError, StreamingError
 from engine.fobs.quantized import CODECS, FP16_MAX, INT8_BLOCK, QUANTIZED_METADATA_KEY, QuantizedTensor
 from engine.streaming import downloadable
 from engine.streaming.consumers import DiskConsumer, MemoryConsumer
-from engine.streaming.dequantize import DequantizingConsumer, plan_of
+from engine.streaming.dequantize import DECODE_SLICE_BYTES, DequantizingConsumer, plan_of
 from engine.streaming.downloadable import TensorDownloadable
 from engine.streaming.folding import FoldingConsumer
 from engine.streaming.layout import StreamLayout
@@ -92,6 +93,18 @@ def test_int8_blocks_scale_on_their_own() -> None:
     received = receive(TensorDownloadable({"w": QuantizedTensor(tensor, "int8")}, 4096), MemoryConsumer)
     small = received["w"][INT8_BLOCK:]
     assert (small - tensor[INT8_BLOCK:]).abs().max().item() <= 1e-3 / 254 * 1.0001
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("largest", [1e-30, 1e-38, 2e-39])
+def test_a_block_of_tiny_values_keeps_its_bound_and_its_zeros(mode: str, largest: float) -> None:
+    """Below about 3e-39 a block's scale has no float32 inverse: values are divided by it instead."""
+    tensor = torch.zeros(INT8_BLOCK)
+    tensor[1::3] = largest
+    tensor[2::3] = -largest / 3
+    received = receive(TensorDownloadable({"w": QuantizedTensor(tensor, mode)}, 4096), MemoryConsumer)
+    assert torch.equal(received["w"][0::3], tensor[0::3])  # the zeros
+    assert (received["w"] - tensor).abs().max().item() <= CODECS[mode].max_relative_error * largest * 1.0001
 
 
 @pytest.mark.parametrize(("mode", "ratio"), [("fp16", 0.501), ("bf16", 0.501), ("int8", 0.251), ("int4", 0.126)])
@@ -189,6 +202,81 @@ def hostile(listing: object, dtype: str = "U8", nbytes: int = 4096 + 4) -> Strea
 def test_metadata_that_does_not_match_the_stream_is_refused(listing: object, dtype: str, message: str) -> None:
     with pytest.raises(StreamingError, match=message):
         plan_of(hostile(listing, dtype))
+
+
+def hostile_shape(shape: list[int], wire_dtype: str = "F16", logical: str = "F32") -> StreamLayout:
+    """A layout whose listing gives quantized entry ``w`` (4 wire bytes) the logical ``shape``."""
+    from engine.fobs.tensor_layout import TensorEntry, encode_header
+
+    mode = "fp16" if wire_dtype == "F16" else "int8"
+    entries = (TensorEntry("w", wire_dtype, (4 if wire_dtype == "U8" else 2,), 0, 4),)
+    listing = {"w": [mode, logical, shape]}
+    return StreamLayout.parse(encode_header(entries, {QUANTIZED_METADATA_KEY: json.dumps(listing)}))
+
+
+def test_a_shape_of_millions_of_dims_is_refused_at_once() -> None:
+    """Its full product would have millions of digits (a minute of CPU with the GIL held, per reply)."""
+    started = time.monotonic()
+    with pytest.raises(StreamingError, match="more than 2\\*\\*64 - 1 values"):
+        plan_of(hostile_shape([3] * 1_600_000))
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        # 2**62 values in fp16 are 2**63 wire bytes, and 2**65 bytes as float64: no tensor holds them.
+        (lambda: hostile({"w": ["fp16", "F64", [2**62]]}, "F16", 2**63), "larger than a tensor can be"),
+        (lambda: plain_beside_quantized(2**63), "larger than a tensor can be"),
+    ],
+)
+def test_sizes_no_tensor_can_hold_are_refused_as_the_senders_fault(layout, message: str) -> None:
+    with pytest.raises(StreamingError, match=message):
+        plan_of(layout())
+
+
+def plain_beside_quantized(plain_bytes: int) -> StreamLayout:
+    """A plain byte entry of ``plain_bytes`` after a small quantized one."""
+    from engine.fobs.tensor_layout import TensorEntry, encode_header
+
+    entries = (TensorEntry("q", "F16", (2,), 0, 4), TensorEntry("p", "U8", (plain_bytes,), 4, 4 + plain_bytes))
+    listing = {"q": ["fp16", "F32", [2]]}
+    return StreamLayout.parse(encode_header(entries, {QUANTIZED_METADATA_KEY: json.dumps(listing)}))
+
+
+@pytest.mark.parametrize("chunk_bytes", [4098, 6002, 1001])
+def test_plain_entries_of_a_quantized_stream_reach_a_fold_in_whole_elements(chunk_bytes: int) -> None:
+    """A chunk size that is no multiple of a plain entry's item size: its elements straddle chunks."""
+    generator = torch.Generator().manual_seed(3)
+    tensors = {"w": torch.randn(20_000, generator=generator), "bias": torch.randn(3000, generator=generator)}
+    tensors["steps"] = torch.arange(777, dtype=torch.int64)
+    sent = TensorDownloadable({**tensors, "w": QuantizedTensor(tensors["w"], "int8")}, chunk_bytes)
+    for seed in range(3):
+        sink = Recorder()
+        receive(sent, lambda layout, chunk, sink=sink: FoldingConsumer(layout, chunk, sink), seed)
+        assert torch.equal(sink.got["bias"], tensors["bias"])
+        assert torch.equal(sink.got["steps"], tensors["steps"])
+        assert (sink.got["w"] - tensors["w"]).abs().max().item() <= bound(tensors["w"], "int8")
+
+
+@pytest.mark.parametrize("mode", ["int4", "bf16"])
+def test_a_sender_s_huge_chunks_are_decoded_a_slice_at_a_time(mode: str) -> None:
+    """One chunk for the whole stream (the sender's say): what a fold is handed at once, and the
+    receiver's scratch, stay those of a slice of `DECODE_SLICE_BYTES`, whatever the model's size."""
+    tensor = torch.randn(6 << 20).to(torch.bfloat16)  # int4: 3 MiB on the wire; bf16: 12 MiB
+    sent = TensorDownloadable({"w": QuantizedTensor(tensor, mode)}, 1 << 40)
+    plan = plan_of(StreamLayout.parse(sent.layout.header))
+    growth = math.ceil(2 * 8 / CODECS[mode].bits)  # wire bytes -> bytes of bfloat16 values
+    assert plan.logical_chunk_bytes(1 << 40) <= DECODE_SLICE_BYTES * growth + 8
+
+    pieces: list[int] = []
+    sink = Recorder()
+    fold_piece = sink.fold_piece
+    sink.fold_piece = lambda item, start, values: pieces.append(values.numel()) or fold_piece(item, start, values)
+    receive(sent, lambda layout, chunk: FoldingConsumer(layout, chunk, sink))
+
+    assert len(pieces) >= 3 and max(pieces) * 2 <= DECODE_SLICE_BYTES * growth
+    assert (sink.got["w"].float() - tensor.float()).abs().max().item() <= bound(tensor, mode) + 1e-2
 
 
 def test_a_budget_is_charged_the_decoded_size() -> None:
