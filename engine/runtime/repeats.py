@@ -53,6 +53,11 @@ class RepeatedRequests:
         self._tasks: dict[str, tuple[str, str, Reply]] = {}  # site -> (request_id, task_id, reply)
         self._results: dict[str, tuple[str, Future[Reply]]] = {}  # site -> (request_id, its answer)
 
+    def sites(self) -> set[str]:
+        """The senders it keeps an entry for (one at most each)."""
+        with self._lock:
+            return set(self._get_locks) | set(self._tasks) | set(self._results)
+
     def get_task(self, handler: Handler) -> Handler:
         """``handler`` for task requests, answering a repeat of the last task request with its task."""
 

@@ -34,6 +34,8 @@ log = logging.getLogger("engine.runtime.server")  # the server job's log lines, 
 #: that never asked for a chunk are waited for ``fold_wait_s`` only (the server config's key,
 #: `DEFAULT_FOLD_WAIT_S` by default), then dropped (see `StallWatch`).
 FOLD_WAIT_IDLE_S = 10.0
+#: And at most this long in all, whatever the receivers do.
+FOLD_WAIT_LONGEST_S = 60.0
 
 #: A result may announce at most this many times the bytes of the model its task sent (a float64
 #: result of a float32 model), plus `RESULT_SLACK_BYTES`; more is refused before it is pulled.
@@ -45,16 +47,21 @@ class ResultIntake:
     """The submit handler of `ServerJob` and what it uses; the attributes it reads are `ServerJob`'s."""
 
     def _on_submit(self, message: Message) -> Reply:
-        refused = self._not_a_client(message)
-        if refused is not None:
-            return refused
+        """A client's result (its cell is one of the job's clients: see `_clients_only`)."""
         # In memory, a whole result is pulled and aggregated one at a time, so the server holds at
         # most one client's model beyond the sum (others wait for their turn); on disk, all at once.
         # A result the workflow folds into its sum as its tensors arrive (see `_receiver_of`)
         # never is whole: those are pulled at once.
         receiver = self._receiver_of(message)
+        task_id = str(message.header.get("task_id", ""))
         with self._lock:
-            offers = self._task_offers.pop(str(message.header.get("task_id", "")), [])
+            # Only the task's own client says it is done with its data: another site may know the
+            # id (the data sent to all holds the first client's), and would unhook its offers.
+            owner, offers = self._task_offers.get(task_id, ("", []))
+            if owner == message.source:
+                del self._task_offers[task_id]
+            else:
+                offers = []
         if offers:  # the submitter is done with the task's data, whether it got all of it or not
             self.endpoint.service.drop_receiver(offers, message.source)
         if receiver is not None and offers:
@@ -63,19 +70,29 @@ class ResultIntake:
             # A receiver that has not asked for a chunk within ``fold_wait_s`` is not waited for
             # when the task can get the results it needs without it: it is dropped, so the model
             # is freed once those that pulled are done (one that is only slow is waited for).
+            # However its receivers behave, the wait ends after FOLD_WAIT_LONGEST_S: one that keeps
+            # asking without finishing would otherwise hold this handler thread (and the fold).
             idle_s = min(self.codec.context.per_request_timeout_s, FOLD_WAIT_IDLE_S)
+            until_s = time.monotonic() + FOLD_WAIT_LONGEST_S
             service = self.endpoint.service
             skipped: set[str] = set()
-            task_id = str(message.header.get("task_id", ""))
+            stop, longest_s = self.abort_signal, FOLD_WAIT_LONGEST_S
             if self.workers:  # virtual clients pull in turns: waiting for one whose turn is later would stall
-                service.wait_pulls_finished(offers, idle_s, self.abort_signal)
-            elif not service.wait_finished(offers, min(idle_s, self._fold_wait_s), self.abort_signal):
+                finished = service.wait_pulls_finished(offers, idle_s, stop, longest_s)
+            elif not (finished := service.wait_finished(offers, min(idle_s, self._fold_wait_s), stop, longest_s)):
                 unpulled = service.never_pulled(offers)
                 skipped = unpulled if unpulled and self.queue.can_do_without(task_id, unpulled) else set()
                 for site in skipped:
                     log.warning("task data not pulled site=%s waited_s=%g: not waited for", site, self._fold_wait_s)
                     service.drop_receiver(offers, site)
-                service.wait_finished(offers, idle_s, self.abort_signal)
+                finished = service.wait_finished(offers, idle_s, stop, max(0.0, until_s - time.monotonic()))
+            if not finished and time.monotonic() >= until_s:
+                log.warning(
+                    "task data still being pulled after %g s site=%s: its result is folded now, while the "
+                    "model may still be held",
+                    FOLD_WAIT_LONGEST_S,
+                    message.source,
+                )
             for site in self._stalls.judged(offers, self.clients, skipped) if not self.workers else ():
                 self.report("site_stalled", site=site, tasks_in_a_row=STALLED_AFTER)
         slot = self._memory_slot if not self.endpoint.receives_to_disk else None

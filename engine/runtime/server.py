@@ -14,7 +14,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +111,8 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
         self._told_end: set[str] = set()
         self._task_frames: dict[int, tuple[Any, list[Any]]] = {}
         self._offers_of_task: dict[int, list[str]] = {}  # id(task) -> ref ids of its task data's downloads
-        self._task_offers: dict[str, list[str]] = {}  # client task id -> the downloads of the data it was sent
+        # client task id -> its client, and the downloads of the data it was sent
+        self._task_offers: dict[str, tuple[str, list[str]]] = {}
         self._stopped = threading.Event()
         self._memory_slot = threading.Lock()
         self._status: dict[str, dict[str, ReceivedStatus]] = {}
@@ -174,9 +175,13 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
         self.liveness.attach(self.queue)
         self.queue.set_schedule_listener(self._tell_task_ready)
         # A client asks again after a timeout or a lost connection: a repeat gets the first answer.
-        repeats = RepeatedRequests(self.queue.expects_result, 10 * self.codec.context.per_request_timeout_s)
-        self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, repeats.get_task(self._on_get_task))
-        self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_SUBMIT, repeats.submit(self._on_submit))
+        # Cells that are not the job's clients are refused first: they leave nothing in its memory.
+        self.repeats = repeats = RepeatedRequests(
+            self.queue.expects_result, 10 * self.codec.context.per_request_timeout_s
+        )
+        get_task, submit = repeats.get_task(self._on_get_task), repeats.submit(self._on_submit)
+        self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, self._clients_only(get_task))
+        self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_SUBMIT, self._clients_only(submit))
         self.cell.register_handler(CCWF_CHANNEL, TOPIC_STATUS, self._on_status)
         if self.workers:
             self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_WORK, self._on_get_work)
@@ -300,6 +305,15 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
                 except CellError as e:  # the client asks again after its retry time anyway
                     log.debug("task-ready notice not sent site=%s: %s", site, e)
 
+    def _clients_only(self, handler: Callable[[Message], Reply]) -> Callable[[Message], Reply]:
+        """``handler``, answered for the job's clients only (see `_not_a_client`)."""
+
+        def answer(message: Message) -> Reply:
+            refused = self._not_a_client(message)
+            return refused if refused is not None else handler(message)
+
+        return answer
+
     def _not_a_client(self, message: Message) -> Reply | None:
         """Refuse a cell that is not one of the job's clients (e.g. another cell of an allowed site)."""
         if message.source in self.clients and message.header.get(protocol.HEADER_JOB_ID) == self.job_id:
@@ -309,9 +323,7 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
         return Reply(header={"outcome": "FAILED", "reason": reason}, status=Status.ERROR, reason=reason)
 
     def _on_get_task(self, message: Message) -> Reply:
-        refused = self._not_a_client(message)
-        if refused is not None:
-            return refused
+        """A client's task request (its cell is one of the job's clients: see `_clients_only`)."""
         site = message.source
         with self._lock:
             joined = site not in self._seen
@@ -358,7 +370,7 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
             offers: list[str] = []
             frames = self.codec.encode(data, receivers=[site], offers=offers)
             with self._lock:
-                self._task_offers[assignment.task_id] = offers
+                self._task_offers[assignment.task_id] = (site, offers)
             return frames
         task = assignment.client_task.task
         with self._lock:
@@ -376,7 +388,7 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
                 entry = (task, self.codec.encode(data, receivers=receivers, offers=offers))
                 self._task_frames[id(task)] = entry
                 self._offers_of_task[id(task)] = offers
-            self._task_offers[assignment.task_id] = self._offers_of_task.get(id(task), [])
+            self._task_offers[assignment.task_id] = (site, self._offers_of_task.get(id(task), []))
         return entry[1]
 
     def _on_status(self, message: Message) -> None:

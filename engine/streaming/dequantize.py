@@ -137,7 +137,7 @@ def _placeholder(name: str, shape: tuple[int, ...] | list[int], dtype: torch.dty
     """A meta tensor of the logical layout; refused (never raised by torch) where torch cannot hold it."""
     nbytes = header_nbytes(shape, dtype.itemsize)
     if nbytes is None or nbytes > _TORCH_MAX_BYTES:
-        raise StreamingError(f"entry {shown(name)}: shape {shown(list(shape))} of {dtype} is larger than a tensor can be")
+        raise StreamingError(f"entry {shown(name)}: shape {shown(list(shape))} of {dtype} is larger than any tensor")
     return torch.empty(shape, dtype=dtype, device="meta")
 
 

@@ -19,7 +19,7 @@ from engine.cells import Cell, Message, Reply, Status
 from engine.errors import DownloadRefused, StreamingError
 from engine.fault_points import fault_point
 from engine.streaming.downloadable import FileDownloadable, TensorDownloadable
-from engine.streaming.transactions import DownloadRegistry
+from engine.streaming.transactions import LONGEST_WAIT_S, DownloadRegistry
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +106,25 @@ class DownloadService:
             downloadable.release()
             raise
 
-    def wait_finished(self, refs: Iterable[str], idle_limit_s: float, stop: threading.Event | None = None) -> bool:
+    def wait_finished(
+        self,
+        refs: Iterable[str],
+        idle_limit_s: float,
+        stop: threading.Event | None = None,
+        longest_s: float = LONGEST_WAIT_S,
+    ) -> bool:
         """Wait until every receiver of the offers ``refs`` finished (see `DownloadRegistry.wait_finished`)."""
-        return self.registry.wait_finished(refs, idle_limit_s, stop)
+        return self.registry.wait_finished(refs, idle_limit_s, stop, longest_s)
 
     def wait_pulls_finished(
-        self, refs: Iterable[str], idle_limit_s: float, stop: threading.Event | None = None
+        self,
+        refs: Iterable[str],
+        idle_limit_s: float,
+        stop: threading.Event | None = None,
+        longest_s: float = LONGEST_WAIT_S,
     ) -> bool:
         """Wait until the receivers that began to pull ``refs`` finished (`DownloadRegistry.wait_pulls_finished`)."""
-        return self.registry.wait_pulls_finished(refs, idle_limit_s, stop)
+        return self.registry.wait_pulls_finished(refs, idle_limit_s, stop, longest_s)
 
     def hold(self, refs: Iterable[str]) -> None:
         """Keep serving the offers ``refs`` past their timeout, until their receivers report done or `drop`.

@@ -19,6 +19,11 @@ from dataclasses import dataclass, field
 from engine.errors import DownloadRefused, StreamingError
 from engine.streaming.downloadable import Downloadable
 
+#: What a wait for a download's receivers to finish lasts at most, by default: a receiver that
+#: keeps asking for something (a chunk now and then, the stream's info) without ever finishing
+#: would otherwise hold the waiter (a server's handler thread, say) for as long as it likes.
+LONGEST_WAIT_S = 60.0
+
 log = logging.getLogger(__name__)
 
 
@@ -177,41 +182,54 @@ class DownloadRegistry:
         for transaction in transactions:
             transaction.downloadable.release()
 
-    def wait_finished(self, refs: Iterable[str], idle_limit_s: float, stop: threading.Event | None = None) -> bool:
+    def wait_finished(
+        self,
+        refs: Iterable[str],
+        idle_limit_s: float,
+        stop: threading.Event | None = None,
+        longest_s: float = LONGEST_WAIT_S,
+    ) -> bool:
         """Wait until the transactions ``refs`` have ended (every receiver finished, or dropped).
 
         Returns:
             True once they have; False as soon as every one still open has had no request for
-            ``idle_limit_s`` seconds (its receivers are not pulling: gone, or stuck), or ``stop``
-            is set.
+            ``idle_limit_s`` seconds (its receivers are not pulling: gone, or stuck), after
+            ``longest_s`` seconds whatever the receivers do (one that keeps asking without ever
+            finishing holds the waiter no longer), or when ``stop`` is set.
         """
-        return self._wait(refs, idle_limit_s, stop, lambda transaction: True)
+        return self._wait(refs, idle_limit_s, stop, longest_s, lambda transaction: True)
 
     def wait_pulls_finished(
-        self, refs: Iterable[str], idle_limit_s: float, stop: threading.Event | None = None
+        self,
+        refs: Iterable[str],
+        idle_limit_s: float,
+        stop: threading.Event | None = None,
+        longest_s: float = LONGEST_WAIT_S,
     ) -> bool:
         """Wait until every receiver that has begun to pull the transactions ``refs`` has finished.
 
         Receivers that have not asked for a chunk are not waited for (a simulation's virtual
         clients that wait for their turn); they may still pull later. Returns as `wait_finished`.
         """
-        return self._wait(refs, idle_limit_s, stop, lambda t: bool((t.pulled & t.receivers) - t.done))
+        return self._wait(refs, idle_limit_s, stop, longest_s, lambda t: bool((t.pulled & t.receivers) - t.done))
 
     def _wait(
         self,
         refs: Iterable[str],
         idle_limit_s: float,
         stop: threading.Event | None,
+        longest_s: float,
         waits_for: Callable[[_Transaction], bool],
     ) -> bool:
         refs = set(refs)
         with self._gone:
+            until = self._clock() + longest_s
             while True:
                 open_ = [t for ref in refs if (t := self._transactions.get(ref)) is not None and waits_for(t)]
                 if not open_:
                     return True
                 now = self._clock()
-                if stop is not None and stop.is_set():
+                if (stop is not None and stop.is_set()) or now >= until:
                     return False
                 if all(now - (t.deadline - t.timeout_s) >= idle_limit_s for t in open_):
                     return False

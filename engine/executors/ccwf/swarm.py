@@ -37,6 +37,7 @@ from engine.paths import JobPaths
 from engine.persistors import ModelPersistor
 from engine.streaming.lazy import cleanup_lazy_refs
 from engine.streaming.service import DownloadService
+from engine.streaming.transactions import LONGEST_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -351,14 +352,18 @@ class SwarmClientController(ClientSideController):
 
         A training script may change its model in place, and the peers must get it unchanged.
         Waiting costs no round time (the peers cannot train before they have it) and no memory;
-        a peer that stops pulling for ``learn_task_ack_timeout`` seconds gets this client a copy
-        to train instead.
+        a peer that stops pulling for ``learn_task_ack_timeout`` seconds, or has not finished
+        after `LONGEST_WAIT_S`, gets this client a copy to train instead.
         """
         self.update_status(phase="serving")
         idle_limit_s = max(self.learn_task_ack_timeout, 1.0)
         if self._service.wait_finished(served, idle_limit_s, self.stopped):
             return data
-        log.warning("peers stopped pulling the round's model for %.0f s; training a copy", idle_limit_s)
+        log.warning(
+            "peers did not finish pulling the round's model (no request for %.0f s, or %.0f s in all); training a copy",
+            idle_limit_s,
+            LONGEST_WAIT_S,
+        )
         return private_copy(data)
 
     def _submit(self, aggr: str, current_round: int, result: Shareable) -> None:
