@@ -211,6 +211,25 @@ def test_wait_finished_gives_up_on_receivers_that_stopped_pulling() -> None:
     assert registry.wait_finished(["gone"], idle_limit_s=1.0) is True
 
 
+def test_wait_finished_ends_after_its_longest_wait_whatever_a_receiver_keeps_asking() -> None:
+    """A receiver that asks for a chunk now and then but never finishes holds the waiter no longer."""
+    registry = DownloadRegistry()
+    ref = registry.add(downloadable(), ["site-1"], timeout_s=60)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.1):
+            registry.chunk(ref, "site-1", 0)
+
+    threading.Thread(target=trickle, daemon=True).start()
+    started = time.monotonic()
+    try:
+        finished = registry.wait_finished([ref], idle_limit_s=0.5, longest_s=1.0)
+    finally:
+        stop.set()
+    assert finished is False and 0.9 <= time.monotonic() - started < 5
+
+
 def test_a_byte_budget_is_shared_and_refuses_before_taking() -> None:
     budget = ByteBudget(100, "a result of site-1")
 
