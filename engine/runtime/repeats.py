@@ -58,6 +58,16 @@ class RepeatedRequests:
         with self._lock:
             return set(self._get_locks) | set(self._tasks) | set(self._results)
 
+    def forget(self, site: str) -> None:
+        """Drop what is kept of ``site``'s answers (it died: its task ended, and a task reply may
+        hold the model itself when tensors travel inline). A result still being received keeps
+        its entry, so that a repeat of it still gets its answer."""
+        with self._lock:
+            self._tasks.pop(site, None)
+            result = self._results.get(site)
+            if result is not None and result[1].done():
+                del self._results[site]
+
     def get_task(self, handler: Handler) -> Handler:
         """``handler`` for task requests, answering a repeat of the last task request with its task."""
 

@@ -74,6 +74,11 @@ class SiteDeaths:
                 cell.forget_peer(site, f"{site} is dead: {reason}")
         with self._lock:  # nobody waits for a dead site to finish pulling its task's model
             refs = [ref for offers in self._offers_of_task.values() for ref in offers]
+            for task_id in [task_id for task_id, (owner, _) in self._task_offers.items() if owner == site]:
+                del self._task_offers[task_id]
+        repeats = getattr(self, "repeats", None)
+        if repeats is not None:
+            repeats.forget(site)
         endpoint = getattr(self, "endpoint", None)
         if refs and endpoint is not None and endpoint.service is not None:
             endpoint.service.drop_receiver(refs, site)

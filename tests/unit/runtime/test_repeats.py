@@ -27,7 +27,7 @@ class Server:
         self.cell = Cell("server", SETTINGS).start()
         self.site = Cell("site-1", SETTINGS, connect_to=self.cell.endpoint).start()
         assert self.site.wait_connected(10)
-        repeats = RepeatedRequests(lambda site, task_id: self.expected, submit_wait_s=5.0)
+        self.repeats = repeats = RepeatedRequests(lambda site, task_id: self.expected, submit_wait_s=5.0)
         self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_GET_TASK, repeats.get_task(self._get))
         self.cell.register_handler(protocol.TASK_CHANNEL, protocol.TOPIC_SUBMIT, repeats.submit(self._submit))
 
@@ -96,3 +96,20 @@ def test_requests_without_a_request_id_go_to_the_handler_every_time(server: Serv
     server.ask(protocol.TOPIC_GET_TASK)
 
     assert (server.submits, server.gets) == (2, 2)
+
+
+def test_a_dead_site_s_answers_are_forgotten_but_a_result_still_received_keeps_its_own(server: Server) -> None:
+    """A task reply may hold the model (inline tensors): a dead site's is not kept for the job's life."""
+    server.ask(protocol.TOPIC_GET_TASK, request_id="r1")
+    with ThreadPoolExecutor(1) as pool:
+        receiving = pool.submit(server.ask, protocol.TOPIC_SUBMIT, task_id="t1", request_id="s1")
+        while server.submits == 0:
+            threading.Event().wait(0.01)
+        server.repeats.forget("site-1")
+        again = server.ask(protocol.TOPIC_GET_TASK, request_id="r1")
+        server.submit_gate.set()
+        first = receiving.result(10)
+    repeated = server.ask(protocol.TOPIC_SUBMIT, task_id="t1", request_id="s1")
+
+    assert again.header["task_id"] == "t2"  # asked anew: the first reply was not kept
+    assert repeated.header == first.header and server.submits == 1  # the result's answer was
