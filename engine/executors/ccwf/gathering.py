@@ -48,6 +48,14 @@ class RoundGathering:
             self.base = data
             self._changed.notify_all()
 
+    def wait_base(self, stop: threading.Event, timeout_s: float) -> Shareable | None:
+        """The round's model once it is here; None if it is not within ``timeout_s``, or ``stop`` is set."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self.base is None and not self.closed and not stop.is_set() and time.monotonic() < deadline:
+                self._changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            return self.base
+
     def claim(self, site: str) -> bool:
         """Note that ``site`` sent its result; False when it already did, or is not a trainer of the round."""
         with self._changed:

@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 
 #: Concurrent result downloads of an aggregation client that downloads to disk.
 DISK_PULLS = 8
+#: A result taken whole waits at most this long for the round's model to reach the aggregation
+#: client, which checks the result against it (names, shapes, dtypes) before it counts.
+BASE_WAIT_S = 60.0
 #: Key of the reply to a trainer's result: True when the aggregation client may pull the result
 #: again until its round ends (the trainer keeps serving it past the offer's timeout).
 HELD_KEY = "held"
@@ -232,6 +235,7 @@ class ResultIntake:
             for result_fold in opened:
                 result_fold.refold = _refold_from(self.codec, frames, sender, held)
                 result_fold.release = held.release
+            self._check_against_base(entry, site, result)
             entry.take(site, result, state.view, self.rules)
             if opened and site in entry.accepted:
                 state.folded.append(site)
@@ -256,12 +260,37 @@ class ResultIntake:
             result = self.codec.decode(frames, sender=sender)
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
+            self._check_against_base(entry, site, result)
             entry.take(site, result, self.aggregator, self.rules)
         except Exception as e:
             log.warning("round %d: result of %s refused: %s", entry.number + 1, site, e)
             entry.fail(site, f"{type(e).__name__}: {e}")
         finally:
             cleanup_lazy_refs(result)
+
+    def _check_against_base(self, entry: RoundGathering, site: str, result: Shareable) -> None:
+        """Refuse a result whose names, shapes or dtypes are not those of the round's model.
+
+        A result folded chunk by chunk had its layout checked before its first chunk; one taken
+        whole (its values inline or numpy arrays, or sent before the round's model was here) is
+        checked here, once the round's model is here (`BASE_WAIT_S` at most).
+
+        Raises:
+            ResultRefused: It does not match, or the round's model did not come in time.
+        """
+        base = entry.wait_base(self._stopping, BASE_WAIT_S)
+        if base is None:
+            raise ResultRefused(
+                f"result of {site}: round {entry.number + 1}'s model did not reach {self.site} within "
+                f"{BASE_WAIT_S:g} s, so the result cannot be checked against it"
+            )
+        try:
+            dxo, reference = DXO.from_shareable(result), DXO.from_shareable(base).data
+        except ValueError:
+            return  # no DXO: refused by the round's checks
+        data = dxo.data
+        if dxo.data_kind != DataKind.METRICS and isinstance(data, Mapping) and isinstance(reference, Mapping):
+            check_params_match({name: reference[name] for name in data if name in reference}, data, site)
 
     def _open_fold(self, entry: RoundGathering, state: RoundFold, site: str, peeked: Any) -> ResultFold | None:
         """The fold of a result known by its header alone, or None to take it whole.

@@ -10,10 +10,12 @@ once the round is over.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 
@@ -302,14 +304,49 @@ def test_a_result_without_the_rounds_model_yet_is_taken_whole(swarm: Swarm) -> N
     entry = swarm.intake.round(0, lambda _entry: None)  # no base yet
 
     swarm.send("site-2", result("site-2"))
-    wait_answered(entry, ["site-2"])
+    time.sleep(0.5)
+    assert "site-2" not in entry.accepted  # pulled, but checked against the round's model once it is here
     entry.set_base(DXO(DataKind.WEIGHTS, base_params()).to_shareable())
+    wait_answered(entry, ["site-2"])
     swarm.intake.take_own(entry, "site-1", result("site-1"))
     swarm.send("site-3", result("site-3"))
     wait_answered(entry, SITES)
 
     assert sorted(entry.fold.folded) == ["site-1", "site-3"]  # site-2 came whole, into the same sum
     assert_close(aggregate(swarm, entry, 3), independent_mean(SITES))
+
+
+def inline_codec(swarm: Swarm, site: str) -> MessageCodec:
+    """``site``'s codec with a chunk size of 0: its tensors travel in the message, so they are taken whole."""
+    registry = fobs.new_registry()
+    register_model_types(registry)
+    return MessageCodec(registry, StreamingContext(swarm.cells[site], swarm.services[site], 0, 0))
+
+
+@pytest.mark.parametrize(
+    ("changed", "why"),
+    [
+        ({"a": torch.zeros(3), "evil": np.zeros(5, dtype=np.float32)}, "unexpected 'evil'; 'a': shape \\(3,\\)"),
+        ({"a": torch.zeros(64, 40, dtype=torch.int64)}, "'a': dtype int64, expected float32"),
+    ],
+    ids=["names-and-shapes", "dtype"],
+)
+def test_a_result_taken_whole_is_checked_against_the_rounds_model(swarm: Swarm, changed: dict, why: str) -> None:
+    """A trainer that sends its values inline (or as arrays) cannot skip the check the chunk-by-chunk
+    path makes before its first chunk: sent first, it would otherwise set the sums' layout."""
+    entry = swarm.round()
+    frames = inline_codec(swarm, "site-3").encode(
+        result("site-3", params={**trained("site-3"), **changed}, steps=1), receivers=["site-1"]
+    )
+    swarm.cells["site-3"].request("site-1", CCWF_CHANNEL, TOPIC, {"round": 0, "ok": True}, frames, 10)
+    wait_answered(entry, ["site-3"])
+    swarm.intake.take_own(entry, "site-1", result("site-1"))
+    swarm.send("site-2", result("site-2"))
+    wait_answered(entry, SITES)
+
+    assert sorted(entry.accepted) == ["site-1", "site-2"]
+    assert re.search(why, entry.failed["site-3"])
+    assert_close(aggregate(swarm, entry, 2), independent_mean(["site-1", "site-2"]))
 
 
 def test_the_round_closed_refuses_results_and_a_late_fold(swarm: Swarm) -> None:
