@@ -31,6 +31,7 @@ from engine.executors.executor import ExecutorContext, hand_over_task_data
 from engine.metrics.rules import is_metric_value
 from engine.model import ReservedHeaderKey, ReturnCode, Shareable, make_reply, shown_round
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
+from engine.model.payload import payload_bytes
 from engine.paths import JobPaths
 from engine.runtime import protocol
 from engine.runtime.assembly import (
@@ -44,7 +45,6 @@ from engine.runtime.assembly import (
     route_task,
     streaming_settings,
 )
-from engine.runtime.payload import payload_bytes
 from engine.site import SiteEndpoint, SiteSettings
 from engine.streaming.codec import Placement
 

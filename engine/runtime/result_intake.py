@@ -22,7 +22,7 @@ from engine.cells import Message, Reply, Status
 from engine.controller import SubmitOutcome
 from engine.errors import FlengineError, MalformedMessageError, StreamingError
 from engine.model import ReturnCode, Shareable
-from engine.runtime.payload import payload_bytes
+from engine.model.payload import RESULT_SIZE_FACTOR, payload_bytes, result_limit
 from engine.runtime.stalls import STALLED_AFTER
 from engine.streaming.lazy import cleanup_lazy_refs
 from engine.streaming.pull import HeldDownload, release_held
@@ -36,11 +36,6 @@ log = logging.getLogger("engine.runtime.server")  # the server job's log lines, 
 FOLD_WAIT_IDLE_S = 10.0
 #: And at most this long in all, whatever the receivers do.
 FOLD_WAIT_LONGEST_S = 60.0
-
-#: A result may announce at most this many times the bytes of the model its task sent (a float64
-#: result of a float32 model), plus `RESULT_SLACK_BYTES`; more is refused before it is pulled.
-RESULT_SIZE_FACTOR = 2
-RESULT_SLACK_BYTES = 16 << 20
 
 
 class ResultIntake:
@@ -136,7 +131,7 @@ class ResultIntake:
         # A folded result's downloads stay open on its sender until the round's mean is made: if
         # another result fails midway, the sum is rebuilt by pulling this one again (`refold`).
         held: list[HeldDownload] = []
-        limit = RESULT_SIZE_FACTOR * sent_bytes + RESULT_SLACK_BYTES
+        limit = result_limit(sent_bytes)
         what = f"a result of {site} (at most {RESULT_SIZE_FACTOR} x the {sent_bytes} bytes it was sent)"
 
         def fold(peeked: Any) -> Any:

@@ -27,6 +27,7 @@ from engine.fault_points import fault_point
 from engine.metrics import MetricsIntake
 from engine.model import DXO, FLModel, ReservedHeaderKey, Shareable, shown_round
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
+from engine.model.payload import payload_bytes
 from engine.paths import JobPaths
 from engine.runtime import protocol
 from engine.runtime.assembly import (
@@ -38,7 +39,6 @@ from engine.runtime.assembly import (
 )
 from engine.runtime.job_end import JobOutcome, end_of_run_warnings, flush_components
 from engine.runtime.liveness import SiteLiveness
-from engine.runtime.payload import payload_bytes
 from engine.runtime.process import EVENTS_FILE
 from engine.runtime.repeats import RepeatedRequests
 from engine.runtime.result_intake import ResultIntake

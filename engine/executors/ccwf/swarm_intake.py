@@ -42,6 +42,7 @@ from engine.errors import ResultRefused, WorkflowError
 from engine.executors.ccwf.client_side import refused
 from engine.executors.ccwf.gathering import RoundGathering
 from engine.model import DXO, DataKind, FLModel, ParamsType, ReturnCode, Shareable, shown_round
+from engine.model.payload import RESULT_SIZE_FACTOR, payload_bytes, result_limit
 from engine.streaming.codec import MessageCodec
 from engine.streaming.lazy import cleanup_lazy_refs
 from engine.streaming.pull import HeldDownload, release_held
@@ -51,8 +52,8 @@ log = logging.getLogger(__name__)
 
 #: Concurrent result downloads of an aggregation client that downloads to disk.
 DISK_PULLS = 8
-#: A result taken whole waits at most this long for the round's model to reach the aggregation
-#: client, which checks the result against it (names, shapes, dtypes) before it counts.
+#: A result waits at most this long for the round's model to reach the aggregation client, which
+#: checks the result against it (names, shapes, dtypes; its size) before pulling it.
 BASE_WAIT_S = 60.0
 #: Key of the reply to a trainer's result: True when the aggregation client may pull the result
 #: again until its round ends (the trainer keeps serving it past the offer's timeout).
@@ -207,9 +208,22 @@ class ResultIntake:
     # ----------------------------------------------------------------- a trainer's result
 
     def _pull(self, entry: RoundGathering, site: str, frames: list[Any], sender: str) -> None:
+        # Nothing is pulled before the round's model is here: a result is checked against it,
+        # and may announce no more than `result_limit` of its bytes.
+        base = entry.wait_base(self._stopping, BASE_WAIT_S)
+        if base is None:
+            reason = f"round {entry.number + 1}'s model did not reach {self.site} within {BASE_WAIT_S:g} s"
+            log.warning("round %d: result of %s refused: %s", entry.number + 1, site, reason)
+            entry.fail(site, f"the result cannot be checked: {reason}")
+            return
+        model_bytes = payload_bytes(base)
+        limits = {
+            "max_bytes": result_limit(model_bytes),
+            "what": f"a result of {site} (at most {RESULT_SIZE_FACTOR} x the round's model of {model_bytes} bytes)",
+        }
         state = entry.fold
         if not isinstance(state, RoundFold):
-            self._pull_whole(entry, site, frames, sender)
+            self._pull_whole(entry, site, frames, sender, base, limits)
             return
         opened: list[ResultFold] = []
         held = _Held(self.cell)
@@ -227,15 +241,15 @@ class ResultIntake:
 
         result = None
         try:
-            result = self.codec.decode(frames, sender=sender, fold=fold, held=held.entries)
+            result = self.codec.decode(frames, sender=sender, fold=fold, held=held.entries, **limits)
             if not opened:  # taken whole: it will not be pulled again
                 held.release()
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
             for result_fold in opened:
-                result_fold.refold = _refold_from(self.codec, frames, sender, held)
+                result_fold.refold = _refold_from(self.codec, frames, sender, held, limits)
                 result_fold.release = held.release
-            self._check_against_base(entry, site, result)
+            self._check_against_base(base, site, result)
             entry.take(site, result, state.view, self.rules)
             if opened and site in entry.accepted:
                 state.folded.append(site)
@@ -254,13 +268,15 @@ class ResultIntake:
                 held.release()
             cleanup_lazy_refs(result)
 
-    def _pull_whole(self, entry: RoundGathering, site: str, frames: list[Any], sender: str) -> None:
+    def _pull_whole(
+        self, entry: RoundGathering, site: str, frames: list[Any], sender: str, base: Shareable, limits: dict[str, Any]
+    ) -> None:
         result = None
         try:
-            result = self.codec.decode(frames, sender=sender)
+            result = self.codec.decode(frames, sender=sender, **limits)
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
-            self._check_against_base(entry, site, result)
+            self._check_against_base(base, site, result)
             entry.take(site, result, self.aggregator, self.rules)
         except Exception as e:
             log.warning("round %d: result of %s refused: %s", entry.number + 1, site, e)
@@ -268,22 +284,15 @@ class ResultIntake:
         finally:
             cleanup_lazy_refs(result)
 
-    def _check_against_base(self, entry: RoundGathering, site: str, result: Shareable) -> None:
-        """Refuse a result whose names, shapes or dtypes are not those of the round's model.
+    def _check_against_base(self, base: Shareable, site: str, result: Shareable) -> None:
+        """Refuse a result whose names, shapes or dtypes are not those of the round's model ``base``.
 
         A result folded chunk by chunk had its layout checked before its first chunk; one taken
-        whole (its values inline or numpy arrays, or sent before the round's model was here) is
-        checked here, once the round's model is here (`BASE_WAIT_S` at most).
+        whole (its values inline or numpy arrays) is checked here.
 
         Raises:
-            ResultRefused: It does not match, or the round's model did not come in time.
+            ResultRefused: It does not match.
         """
-        base = entry.wait_base(self._stopping, BASE_WAIT_S)
-        if base is None:
-            raise ResultRefused(
-                f"result of {site}: round {entry.number + 1}'s model did not reach {self.site} within "
-                f"{BASE_WAIT_S:g} s, so the result cannot be checked against it"
-            )
         try:
             dxo, reference = DXO.from_shareable(result), DXO.from_shareable(base).data
         except ValueError:
@@ -437,11 +446,13 @@ def _twin_of(aggregator: Aggregator) -> FoldingModelAggregator | None:
     return aggregator.folding_twin() if isinstance(aggregator, DXOAggregator) else None
 
 
-def _refold_from(codec: MessageCodec, frames: list[Any], sender: str, held: _Held) -> Callable[[ResultFold], None]:
+def _refold_from(
+    codec: MessageCodec, frames: list[Any], sender: str, held: _Held, limits: dict[str, Any]
+) -> Callable[[ResultFold], None]:
     """``refold(fold)``: pull the result in ``frames`` once more, into ``fold`` (its sender still serves it)."""
 
     def refold(fold: ResultFold) -> None:
-        codec.decode(frames, sender=sender, fold=lambda _peeked: fold, held=held.entries)
+        codec.decode(frames, sender=sender, fold=lambda _peeked: fold, held=held.entries, **limits)
 
     return refold
 

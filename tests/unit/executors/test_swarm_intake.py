@@ -300,20 +300,36 @@ def test_a_round_too_short_of_results_fails_without_pulling_anything_again(swarm
     assert swarm.open_offers("site-2") == 0  # the round is over: site-2 may free its result
 
 
-def test_a_result_without_the_rounds_model_yet_is_taken_whole(swarm: Swarm) -> None:
+def test_a_result_sent_before_the_rounds_model_waits_for_it_then_is_folded(swarm: Swarm) -> None:
+    """Nothing of it is pulled before the model is here: it is checked against it (and sized by it)."""
     entry = swarm.intake.round(0, lambda _entry: None)  # no base yet
 
     swarm.send("site-2", result("site-2"))
     time.sleep(0.5)
-    assert "site-2" not in entry.accepted  # pulled, but checked against the round's model once it is here
+    assert "site-2" not in entry.accepted and swarm.services["site-2"].bytes_served() == {}
     entry.set_base(DXO(DataKind.WEIGHTS, base_params()).to_shareable())
     wait_answered(entry, ["site-2"])
     swarm.intake.take_own(entry, "site-1", result("site-1"))
     swarm.send("site-3", result("site-3"))
     wait_answered(entry, SITES)
 
-    assert sorted(entry.fold.folded) == ["site-1", "site-3"]  # site-2 came whole, into the same sum
+    assert sorted(entry.fold.folded) == SITES
     assert_close(aggregate(swarm, entry, 3), independent_mean(SITES))
+
+
+def test_a_result_announcing_more_than_twice_the_rounds_model_is_refused_before_it_is_pulled(swarm: Swarm) -> None:
+    entry = swarm.round()
+    padded = DXO.from_shareable(result("site-3"))
+    padded.meta["junk"] = np.ones(8 << 20, dtype=np.float32)  # 32 MiB beside a model of a few KiB
+    shareable = padded.to_shareable()
+    shareable.set_header("current_round", 0)
+    shareable.set_return_code(ReturnCode.OK)
+
+    swarm.send("site-3", shareable)
+    wait_answered(entry, ["site-3"])
+
+    assert "more than a result of site-3" in entry.failed["site-3"]
+    assert sum(swarm.services["site-3"].bytes_served().values()) == 0
 
 
 def inline_codec(swarm: Swarm, site: str) -> MessageCodec:
