@@ -55,6 +55,9 @@ DISK_PULLS = 8
 #: A result waits at most this long for the round's model to reach the aggregation client, which
 #: checks the result against it (names, shapes, dtypes; its size) before pulling it.
 BASE_WAIT_S = 60.0
+#: A site whose result left the round's sum to be rebuilt in this many rounds (it failed midway:
+#: a crash each time, or on purpose) is taken whole from then on (one refused by the checks at once).
+WHOLE_AFTER_SPOILED = 2
 #: Key of the reply to a trainer's result: True when the aggregation client may pull the result
 #: again until its round ends (the trainer keeps serving it past the offer's timeout).
 HELD_KEY = "held"
@@ -151,8 +154,10 @@ class ResultIntake:
         self._closed_up_to = -1  # rounds up to this one take no more results
         self._stopping = threading.Event()  # set by `shutdown`: a rebuild then stops pulling
         self._refused_sites: set[str] = set()  # sites whose result the checks refused while it streamed
-        # Sites refused midway once (the sum had to be rebuilt): their results are taken whole
-        # from then on, so a trainer cannot make every other result be pulled twice each round.
+        self._spoiled: dict[str, int] = {}  # site -> rounds whose sum its result left to be rebuilt
+        # Sites refused midway once, or whose results spoiled the sum in `WHOLE_AFTER_SPOILED`
+        # rounds for any reason (the sum had to be rebuilt): their results are taken whole from
+        # then on, so a trainer cannot make every other result be pulled twice each round.
         self._whole_from: set[str] = set()
 
     @property
@@ -413,7 +418,13 @@ class ResultIntake:
         if not tainted or len(entry.accepted) < minimum:
             return
         left_out = state.sums.rebuild(self._stopping)
-        self._whole_from.update(site for site in (*tainted, *left_out) if site in self._refused_sites)
+        for site in tainted:
+            self._spoiled[site] = self._spoiled.get(site, 0) + 1
+        self._whole_from.update(
+            site
+            for site in (*tainted, *left_out)
+            if site in self._refused_sites or self._spoiled.get(site, 0) >= WHOLE_AFTER_SPOILED
+        )
         for site, why in left_out.items():
             entry.drop(site, why)
         log.warning(
