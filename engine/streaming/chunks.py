@@ -47,7 +47,9 @@ class ChunkPuller:
         timeout_s: Longest wait for one chunk request, in seconds.
         max_in_flight: Chunk requests kept outstanding at once.
         deadline: ``time.monotonic()`` by which the whole stream must be in (``math.inf``: none),
-            pushed back by the time the sender was away.
+            pushed back by the time the sender was away: at most one chunk's retries in all (every
+            attempt timed out, and the waits between), so a sender that lets chunk after chunk
+            time out and then answers cannot keep the stream going for ever.
         where: The download, for messages.
         policy: How lost chunk requests are asked again.
     """
@@ -67,6 +69,8 @@ class ChunkPuller:
         self._cell, self._source, self._ref = cell, source, ref
         self._consumer, self._timeout_s, self._where = consumer, timeout_s, where
         self._deadline = deadline
+        self._pushed_back_s = 0.0  # how far the deadline was pushed back by the sender's absences
+        self._push_back_limit_s = (policy.retries + 1) * timeout_s + policy.window_s()
         self._max_in_flight = max_in_flight
         self._policy = policy
         self._absence = Absence(policy.limit_for(cell))
@@ -129,7 +133,8 @@ class ChunkPuller:
         """The stream's deadline, pushed back by the time since the last chunk failed with none landing."""
         with self._lock:
             stalled = self._stalled_since
-        return self._deadline + (now - stalled if stalled is not None else 0.0)
+        pushed_back_s = self._pushed_back_s + (now - stalled if stalled is not None else 0.0)
+        return self._deadline + min(pushed_back_s, self._push_back_limit_s)
 
     def _too_slow(self) -> StreamingError:
         with self._lock:
@@ -212,7 +217,7 @@ class ChunkPuller:
         with self._lock:
             stalled, self._stalled_since = self._stalled_since, None
             if stalled is not None:
-                self._deadline += time.monotonic() - stalled
+                self._pushed_back_s += time.monotonic() - stalled
 
     def _retry_later(self, index: int, reply: Message) -> str | None:
         """Schedule chunk ``index`` again after a lost attempt; return why not when the failure is final."""

@@ -35,7 +35,7 @@ import torch
 from engine.aggregators import Aggregator, DXOAggregator, ModelAggregatorAsDXO, ResultRules
 from engine.aggregators.check import check_params_match
 from engine.aggregators.dxo_aggregator import acceptable_dxo
-from engine.aggregators.folding import FoldingModelAggregator, ResultFold
+from engine.aggregators.folding import WHOLE_AFTER_SPOILED, FoldingModelAggregator, ResultFold
 from engine.aggregators.refusals import bug_reason
 from engine.cells import Cell, Message, Reply
 from engine.errors import ResultRefused, WorkflowError
@@ -55,9 +55,6 @@ DISK_PULLS = 8
 #: A result waits at most this long for the round's model to reach the aggregation client, which
 #: checks the result against it (names, shapes, dtypes; its size) before pulling it.
 BASE_WAIT_S = 60.0
-#: A site whose result left the round's sum to be rebuilt in this many rounds (it failed midway:
-#: a crash each time, or on purpose) is taken whole from then on (one refused by the checks at once).
-WHOLE_AFTER_SPOILED = 2
 #: Key of the reply to a trainer's result: True when the aggregation client may pull the result
 #: again until its round ends (the trainer keeps serving it past the offer's timeout).
 HELD_KEY = "held"

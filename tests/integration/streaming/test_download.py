@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine.cells import Cell, CellSettings, Reply, Status
+from engine.cells.retry import RetryPolicy
 from engine.errors import StreamingError
 from engine.streaming.consumers import DiskConsumer, MemoryConsumer
 from engine.streaming.pull import download_tensors
@@ -285,6 +286,36 @@ def test_a_sender_announcing_a_lying_header_is_refused(processes: Processes) -> 
 
     with pytest.raises(StreamingError, match=r"download 'r1' from 'server': safetensors header is not valid JSON"):
         download_tensors(receiver, "server", "r1", per_request_timeout_s=5)
+
+
+def test_a_sender_that_lets_each_chunk_time_out_before_answering_fails_at_its_deadline(processes: Processes) -> None:
+    """The time a sender is away (chunks timing out, asked again) pushes the stream's deadline
+    back, but by one chunk's retries at most: one that does it chunk after chunk stops there."""
+    server = processes.cell("server")
+    receiver = processes.cell("site-1", connect_to=server.endpoint)
+    service = DownloadService(server)
+    ref = service.add_tensors(seeded_tensors(), CHUNK_BYTES, receivers=["site-1"], timeout_s=60)
+    attempts: dict[int, int] = {}
+
+    def late(message):  # each chunk's first four requests time out; the fifth is answered
+        index = message.header.get("index")
+        attempts[index] = attempts.get(index, 0) + 1
+        if attempts[index] <= 4:
+            time.sleep(0.6)
+        return service._on_chunk(message)
+
+    server.unregister_handler(CHANNEL, TOPIC_CHUNK)
+    server.register_handler(CHANNEL, TOPIC_CHUNK, late)
+    retry = RetryPolicy(retries=4, backoff_s=0.05)
+    started = time.monotonic()
+
+    with pytest.raises(StreamingError, match="the sender is too slow"):
+        download_tensors(receiver, "server", ref, per_request_timeout_s=0.5, min_throughput=1 << 20, retry=retry)
+
+    # The deadline: 0.5 s + 2 MiB at 1 MiB/s, pushed back by one chunk's retries at most
+    # (5 x 0.5 s + 0.75 s), where the sender takes about 3 x 3.3 s (9 chunks, 4 at a time).
+    assert time.monotonic() - started < 8
+    service.close()
 
 
 def test_a_sender_that_trickles_chunks_fails_the_download_at_its_deadline(processes: Processes) -> None:
