@@ -65,10 +65,6 @@ logger = logging.getLogger(__name__)
 REBUILD_SLOWDOWN = 3.0
 #: ...and never less than this many seconds; one still pulling then is left out.
 MIN_REBUILD_S = 30.0
-#: A site whose result left a round's sum to be rebuilt (it failed midway: a crash each time, or on
-#: purpose) in this many rounds is received whole from then on, so that it cannot make every other
-#: result be pulled twice each round. (One refused by the checks midway is, at once.)
-WHOLE_AFTER_SPOILED = 2
 
 #: ``check(params)``: the workflow's checks of a result's layout (name -> meta tensor); raises `ResultRefused`.
 LayoutCheck = Callable[[dict[str, torch.Tensor]], None]

@@ -132,8 +132,8 @@ class ChunkPuller:
     def _deadline_now(self, now: float) -> float:
         """The stream's deadline, pushed back by the time since the last chunk failed with none landing."""
         with self._lock:
-            stalled = self._stalled_since
-        pushed_back_s = self._pushed_back_s + (now - stalled if stalled is not None else 0.0)
+            stalled, pushed_back_s = self._stalled_since, self._pushed_back_s
+        pushed_back_s += now - stalled if stalled is not None else 0.0
         return self._deadline + min(pushed_back_s, self._push_back_limit_s)
 
     def _too_slow(self) -> StreamingError:

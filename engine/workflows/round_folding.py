@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engine.aggregators.folding import WHOLE_AFTER_SPOILED, FoldingModelAggregator, ResultFold
+from engine.aggregators.folding import FoldingModelAggregator, ResultFold
 from engine.aggregators.refusals import record_refusal
 from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable
 from engine.workflows.background_save import BackgroundSave
@@ -32,15 +32,10 @@ class FoldedResults:
         started = time.monotonic()
         left_out = aggregator.rebuild(self.abort_signal)
         # Sites refused by the checks after part of their result was folded (a NaN in a later
-        # tensor) are received whole from then on; a site that died or was cut off, once it has
-        # done so in WHOLE_AFTER_SPOILED rounds (a crash costs a rebuild, not its folding).
-        for site in tainted:
-            self._spoiled[site] = self._spoiled.get(site, 0) + 1
-        self._whole_from.update(
-            site
-            for site in (*tainted, *left_out)
-            if site in self.refused or self._spoiled.get(site, 0) >= WHOLE_AFTER_SPOILED
-        )
+        # tensor) are received whole from then on; a site that died or was cut off is not: a
+        # result taken whole cannot be folded again, so it would be lost at every later rebuild
+        # (a straggler cut off by the round's end twice would lose results for good).
+        self._whole_from.update(site for site in (*tainted, *left_out) if site in self.refused)
         for client, why in left_out.items():
             if client in accepted:
                 accepted.remove(client)

@@ -244,11 +244,9 @@ class RoundLoop(FoldedResults, ModelController):
 
     def _run_rounds(self, area: DiskDownloadArea | None) -> None:
         aggregator = self.make_aggregator()
-        # Sites whose result was refused midway once, or spoiled the sum in `WHOLE_AFTER_SPOILED`
-        # rounds: their results are taken whole from then on, so a site cannot make the server pull
-        # every other result twice each round.
+        # Sites whose result was refused midway once: their results are taken whole from then on,
+        # so a site cannot make the server pull every other result twice each round.
         self._whole_from: set[str] = set()
-        self._spoiled: dict[str, int] = {}  # site -> rounds whose sum its result left to be rebuilt
         # The last round's metrics that one site alone reported: its model is not a best candidate by them.
         self._from_one_site: list[str] = []
         rng = random.Random(self.sample_seed)

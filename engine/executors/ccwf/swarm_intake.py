@@ -35,7 +35,7 @@ import torch
 from engine.aggregators import Aggregator, DXOAggregator, ModelAggregatorAsDXO, ResultRules
 from engine.aggregators.check import check_params_match
 from engine.aggregators.dxo_aggregator import acceptable_dxo
-from engine.aggregators.folding import WHOLE_AFTER_SPOILED, FoldingModelAggregator, ResultFold
+from engine.aggregators.folding import FoldingModelAggregator, ResultFold
 from engine.aggregators.refusals import bug_reason
 from engine.cells import Cell, Message, Reply
 from engine.errors import ResultRefused, WorkflowError
@@ -151,10 +151,8 @@ class ResultIntake:
         self._closed_up_to = -1  # rounds up to this one take no more results
         self._stopping = threading.Event()  # set by `shutdown`: a rebuild then stops pulling
         self._refused_sites: set[str] = set()  # sites whose result the checks refused while it streamed
-        self._spoiled: dict[str, int] = {}  # site -> rounds whose sum its result left to be rebuilt
-        # Sites refused midway once, or whose results spoiled the sum in `WHOLE_AFTER_SPOILED`
-        # rounds for any reason (the sum had to be rebuilt): their results are taken whole from
-        # then on, so a trainer cannot make every other result be pulled twice each round.
+        # Sites refused midway once (the sum had to be rebuilt): their results are taken whole
+        # from then on, so a trainer cannot make every other result be pulled twice each round.
         self._whole_from: set[str] = set()
 
     @property
@@ -415,13 +413,9 @@ class ResultIntake:
         if not tainted or len(entry.accepted) < minimum:
             return
         left_out = state.sums.rebuild(self._stopping)
-        for site in tainted:
-            self._spoiled[site] = self._spoiled.get(site, 0) + 1
-        self._whole_from.update(
-            site
-            for site in (*tainted, *left_out)
-            if site in self._refused_sites or self._spoiled.get(site, 0) >= WHOLE_AFTER_SPOILED
-        )
+        # Not a site that died or was cut off: a result taken whole cannot be pulled again, so it
+        # would be lost at every later rebuild (see `engine.workflows.round_folding`).
+        self._whole_from.update(site for site in (*tainted, *left_out) if site in self._refused_sites)
         for site, why in left_out.items():
             entry.drop(site, why)
         log.warning(
