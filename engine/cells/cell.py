@@ -40,6 +40,8 @@ from engine.errors import CellClosedError, CellError
 logger = logging.getLogger(__name__)
 
 _NEW, _RUNNING, _STOPPED = "new", "running", "stopped"
+#: Seconds between two looks at a request's ``stop`` event while it waits for the reply.
+STOP_POLL_S = 0.1
 
 
 class Cell:
@@ -295,6 +297,7 @@ class Cell:
         header: Mapping[str, Any] | None = None,
         frames: Sequence[Any] = (),
         timeout_s: float | None = None,
+        stop: threading.Event | None = None,
     ) -> Message:
         """Send a request and wait for its reply.
 
@@ -306,6 +309,9 @@ class Cell:
             frames: Body frames (buffer-protocol objects), sent zero-copy: do not modify them
                 until this call returns.
             timeout_s: Longest wait in seconds (default ``settings.request_timeout_s``).
+            stop: Set to give up the wait at once (looked at every `STOP_POLL_S`); the request
+                then fails as if this cell had stopped (`CellClosedError`), and a reply that
+                comes later is dropped.
 
         Returns:
             The reply, status ok; its frames are zero-copy views.
@@ -325,13 +331,27 @@ class Cell:
             )
         future = self.request_async(target, channel, topic, header, frames, timeout_s)
         try:
-            reply = future.result(timeout=timeout_s)
+            reply = future.result(timeout=timeout_s) if stop is None else self._result_unless(future, timeout_s, stop)
         except concurrent.futures.TimeoutError:
             # After fail() the future is done (failed now), or about to be: the I/O thread took
             # its reply from the table a moment ago and is setting it.
             self._pending.fail(future.msg_id, Status.TIMEOUT, f"{self._fqcn}: no reply within {timeout_s:g} s")
             reply = future.result(timeout=SETTLE_GRACE_S)
         return reply.raise_for_status()
+
+    def _result_unless(self, future: ReplyFuture, timeout_s: float, stop: threading.Event) -> Message:
+        """``future.result(timeout_s)``, failed as closed as soon as ``stop`` is set."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left_s = deadline - time.monotonic()
+            try:
+                return future.result(timeout=max(0.0, min(left_s, STOP_POLL_S)))
+            except concurrent.futures.TimeoutError:
+                if left_s <= STOP_POLL_S:
+                    raise
+                if stop.is_set():
+                    self._pending.fail(future.msg_id, Status.CLOSED, f"{self._fqcn}: the wait for it was stopped")
+                    return future.result(timeout=SETTLE_GRACE_S)
 
     def request_async(
         self,

@@ -183,7 +183,8 @@ def request_with_retries(
         target, channel, topic, header, frames, timeout_s: As `Cell.request` (``timeout_s``
             bounds each attempt).
         policy: Retries and backoff; `NO_RETRY` asks once.
-        stop: Set to end the retries early (the last failure is raised).
+        stop: Set to end the wait and the retries early: a wait for a reply fails as closed
+            (`CellClosedError`), a retry is not asked (the last failure is raised).
 
     Returns:
         The ok reply.
@@ -198,7 +199,7 @@ def request_with_retries(
     attempt = 0
     while True:
         try:
-            return cell.request(target, channel, topic, header, frames, timeout_s)
+            return cell.request(target, channel, topic, header, frames, timeout_s, stop)
         except (CellTimeoutError, CellUnreachableError) as e:
             status = Status.TIMEOUT if isinstance(e, CellTimeoutError) else Status.UNREACHABLE
             why = give_up_reason(status, str(e), attempt, policy, absence, time.monotonic(), target)

@@ -4,8 +4,9 @@ A chunk request that times out or meets a lost connection is asked again after a
 (`engine.cells.retry.RetryPolicy`); only that chunk is asked for, so the download resumes at the
 first byte that has not landed and never pulls again what did. Each attempt is a new request:
 a reply that comes after its attempt was given up on is dropped by the cell and never placed.
-The download fails when a chunk has used its retries, when the sender refuses one, or when the
-sender has been unreachable for longer than the cell's heartbeat timeout. Time spent waiting on
+The download fails when a chunk has used its retries, when the sender refuses one, when the
+sender has been unreachable for longer than the cell's heartbeat timeout, or at once when the
+receiver no longer wants it (its ``stop`` event: the round or the job ended). Time spent waiting on
 an unreachable or silent sender does not count against the stream's throughput deadline.
 """
 
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds beyond a request's own timeout that the puller waits for the cell to resolve it.
 RESOLVE_MARGIN_S = 5.0
+#: Seconds between two looks at the puller's ``stop`` event.
+STOP_POLL_S = 0.1
 
 
 class ChunkPuller:
@@ -52,6 +55,8 @@ class ChunkPuller:
             time out and then answers cannot keep the stream going for ever.
         where: The download, for messages.
         policy: How lost chunk requests are asked again.
+        stop: Set when the receiver no longer wants the download: the pull then fails at once
+            (looked at every `STOP_POLL_S`). None: it runs to its end.
     """
 
     def __init__(
@@ -65,6 +70,7 @@ class ChunkPuller:
         deadline: float,
         where: str,
         policy: RetryPolicy = NO_RETRY,
+        stop: threading.Event | None = None,
     ) -> None:
         self._cell, self._source, self._ref = cell, source, ref
         self._consumer, self._timeout_s, self._where = consumer, timeout_s, where
@@ -73,6 +79,7 @@ class ChunkPuller:
         self._push_back_limit_s = (policy.retries + 1) * timeout_s + policy.window_s()
         self._max_in_flight = max_in_flight
         self._policy = policy
+        self._stop = stop
         self._absence = Absence(policy.limit_for(cell))
         self._on_io_thread = consumer.places_on_io_thread
         self._lock = threading.Lock()  # guards the counters, the retries and the error
@@ -105,8 +112,11 @@ class ChunkPuller:
             if left_s <= 0:
                 self._fail(self._too_slow())
                 continue
+            if self._stop is not None and self._stop.is_set():
+                self._fail(StreamingError(f"{self._where}: stopped, the receiver no longer wants it"))
+                continue
             due_s = self._ask_due_retries(now)
-            wait_s = min(guard_s, left_s, due_s)
+            wait_s = min(guard_s, left_s, due_s, STOP_POLL_S if self._stop is not None else guard_s)
             if self._on_io_thread:
                 self._wake.wait(wait_s)
                 self._wake.clear()

@@ -8,6 +8,7 @@ every message it receives pulls them, with the job's chunk sizes and timeouts.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -83,6 +84,7 @@ class MessageCodec:
         place: Placement | None = None,
         fold: Folding | None = None,
         held: list[HeldDownload] | None = None,
+        stop: threading.Event | None = None,
     ) -> Any:
         """Rebuild an object from received frames, pulling its streamed tensors first.
 
@@ -110,6 +112,9 @@ class MessageCodec:
                 told it is complete, so the same frames can be decoded (pulled) again, e.g.
                 into a new sum; `engine.streaming.pull.release_held` lets the sender free
                 them. None: the sender is told at once.
+            stop: Set when this side no longer wants the message (its round or the job
+                ended): its downloads end at once with a `StreamingError`. None: they run to
+                their end.
         """
         if not frames:
             raise SerializationError("an empty message: expected a FOBS header frame")
@@ -136,6 +141,8 @@ class MessageCodec:
             changes["budget"] = ByteBudget(max_bytes, what)
         if held is not None:
             changes["held"] = held
+        if stop is not None:
+            changes["stop"] = stop
         if changes:
             context = replace(context, **changes)
         return deserialize(frames[0], frames[1:], DecodeContext(props={STREAMING_PROP: context}), self._registry)

@@ -98,6 +98,7 @@ def download_tensors(
     min_throughput: int = 0,
     held: list[HeldDownload] | None = None,
     retry: RetryPolicy = NO_RETRY,
+    stop: threading.Event | None = None,
 ) -> Any:
     """Pull download ``ref`` from cell ``source`` and return what the consumer builds.
 
@@ -122,11 +123,13 @@ def download_tensors(
         retry: How a request (the info or a chunk) lost to a timeout or a dropped connection is
             asked again; `NO_RETRY` (the default) fails the download at the first loss. Only the
             lost chunk is asked again: what landed is never pulled twice.
+        stop: Set when the receiver no longer wants the download (the round or the job
+            ended): the info's wait and the pull end at once. None: it runs to its end.
 
     Raises:
         StreamingError: The sender refused, went silent past the per-request timeout (after
             the retries) or the stream's deadline, stayed unreachable beyond the cell's
-            heartbeat timeout, vanished,
+            heartbeat timeout, vanished, ``stop`` was set,
             offered a file instead of tensors, or sent something that does not fit; the message
             names the ref and the sender. What was received so far is freed.
     """
@@ -150,8 +153,9 @@ def download_tensors(
         return DequantizingConsumer(layout, chunk_bytes, plan, inner)
 
     return _download(
-        cell, source, ref, KIND_TENSORS, consumer_of, per_request_timeout_s, max_in_flight, min_throughput, held, retry
-    )
+        cell, source, ref, KIND_TENSORS, consumer_of, per_request_timeout_s, max_in_flight, min_throughput, held, retry,
+        stop,
+    )  # fmt: skip
 
 
 def download_file(
@@ -164,6 +168,7 @@ def download_file(
     budget: ByteBudget | None = None,
     min_throughput: int = 0,
     retry: RetryPolicy = NO_RETRY,
+    stop: threading.Event | None = None,
 ) -> Path:
     """Pull the file offered as ``ref`` by cell ``source`` into the new file ``path``; return it.
 
@@ -177,6 +182,7 @@ def download_file(
         budget: As `download_tensors`.
         min_throughput: As `download_tensors`.
         retry: As `download_tensors`.
+        stop: As `download_tensors`.
 
     Raises:
         StreamingError: As `download_tensors`, or the sender offers tensors instead of a file.
@@ -191,8 +197,9 @@ def download_file(
         return FileConsumer(size_bytes, chunk_bytes, path)
 
     return _download(
-        cell, source, ref, KIND_FILE, consumer_of, per_request_timeout_s, max_in_flight, min_throughput, retry=retry
-    )
+        cell, source, ref, KIND_FILE, consumer_of, per_request_timeout_s, max_in_flight, min_throughput, retry=retry,
+        stop=stop,
+    )  # fmt: skip
 
 
 def _download(
@@ -206,6 +213,7 @@ def _download(
     min_throughput: int,
     held: list[HeldDownload] | None = None,
     retry: RetryPolicy = NO_RETRY,
+    stop: threading.Event | None = None,
 ) -> Any:
     """Ask for the info, check its kind and chunk size, pull every chunk, report completion (or hold it)."""
     where = f"download {ref!r} from {source!r}"
@@ -215,7 +223,9 @@ def _download(
         raise ValueError(f"min_throughput must be an integer >= 0, got {min_throughput!r}")
     asked = time.monotonic()
     try:
-        info = request_with_retries(cell, source, CHANNEL, TOPIC_INFO, {"ref": ref}, timeout_s=timeout_s, policy=retry)
+        info = request_with_retries(
+            cell, source, CHANNEL, TOPIC_INFO, {"ref": ref}, timeout_s=timeout_s, policy=retry, stop=stop
+        )
     except CellError as e:
         raise StreamingError(f"{where} failed: {e}") from e
     offered = info.header.get("kind", KIND_TENSORS)  # senders before files existed sent no kind
@@ -232,7 +242,7 @@ def _download(
     if min_throughput:
         deadline = started + timeout_s + consumer.total_bytes / min_throughput
     try:
-        puller = ChunkPuller(cell, source, ref, consumer, timeout_s, max_in_flight, deadline, where, retry)
+        puller = ChunkPuller(cell, source, ref, consumer, timeout_s, max_in_flight, deadline, where, retry, stop)
         pulled = time.monotonic()
         puller.run()
         log.debug(

@@ -20,6 +20,7 @@ tensors the stream's entries land in.
 from __future__ import annotations
 
 import functools
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -92,6 +93,8 @@ class StreamingContext:
         held: When receiving one message: its tensor downloads are not reported done to the
             sender but listed here, so the message can be decoded (pulled) again; see
             `engine.streaming.pull.release_held`.
+        stop: When receiving one message: set when the receiver no longer wants it (the round
+            or the job ended); its downloads then end at once. None: they run to their end.
     """
 
     cell: Cell
@@ -110,6 +113,7 @@ class StreamingContext:
     targets: Mapping[str, torch.Tensor] = field(default_factory=dict, compare=False)
     tensor_consumer: ConsumerFactory | None = field(default=None, compare=False)
     held: list[HeldDownload] | None = field(default=None, compare=False)
+    stop: threading.Event | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.transaction_timeout_s is None:
@@ -283,6 +287,7 @@ class _ViaDownloader(ABC):
             context.min_throughput,
             context.held,
             context.retry,
+            context.stop,
         )
 
     def lookup(self, data: Any, ctx: DecodeContext, as_numpy: bool = False) -> torch.Tensor | LazyRef:

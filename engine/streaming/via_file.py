@@ -127,6 +127,7 @@ class ViaFileDecomposer(Decomposer[T]):
                 context.budget,
                 context.min_throughput,
                 context.retry,
+                context.stop,
             )
             return self.load_from_file(path)
 

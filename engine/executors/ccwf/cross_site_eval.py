@@ -129,8 +129,9 @@ class CrossSiteEvalClientController(ClientSideController):
             f"{self.task_name_prefix}_{GET_MODEL}",
             {MODEL_NAME_KEY: model_name},
             timeout_s=self.get_model_timeout,
+            stop=self.stopped,
         )
-        model = self.codec.decode(list(reply.frames), sender=reply.source)
+        model = self.codec.decode(list(reply.frames), sender=reply.source, stop=self.stopped)
         if not isinstance(model, Shareable):
             raise TypeError(f"expected a Shareable, got {type(model).__name__}")
         return model

@@ -41,6 +41,8 @@ class RoundGathering:
     fold: Any = None
     #: Each accepted trainer -> the names of its metrics that counted (after the rules).
     metric_names: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    #: Set when the round closes or the job stops: pulls of its results still running then end.
+    pulls_stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     _changed: threading.Condition = dataclasses.field(default_factory=threading.Condition)
 
     def set_base(self, data: Shareable) -> None:

@@ -323,7 +323,10 @@ class SwarmClientController(ClientSideController):
         trains = self.roles.trains
         self._drop_held_offers(current_round)
         self.update_status(round=current_round, phase="receiving")
-        data = payload if isinstance(payload, Shareable) else self.codec.decode(payload, sender=sender)
+        if isinstance(payload, Shareable):
+            data = payload
+        else:
+            data = self.codec.decode(payload, sender=sender, stop=self.stopped)
         del payload
         if aggr == self.site:  # the round's model, as sent: results are checked against it as they come
             self._round(current_round).set_base(data)
@@ -502,7 +505,7 @@ class SwarmClientController(ClientSideController):
             return refused(message, why)
         data = None
         try:
-            data = self.codec.decode(list(message.frames), sender=message.source)
+            data = self.codec.decode(list(message.frames), sender=message.source, stop=self.stopped)
             model = model_from_shareable(data)
             self.persistor.save_model(dataclasses.replace(model, params=in_memory(model.params or {})))
             self.persistor.flush()

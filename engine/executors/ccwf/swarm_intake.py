@@ -172,6 +172,8 @@ class ResultIntake:
             entry = self._rounds.get(current_round)
             if entry is None:
                 entry = RoundGathering(current_round, list(self.trainers))
+                if self._stopping.is_set():  # made after `shutdown` looked at the rounds
+                    entry.pulls_stop.set()
                 twin = _twin_of(self.aggregator) if self.folds else None
                 if twin is not None:
                     assert isinstance(self.aggregator, DXOAggregator)
@@ -241,13 +243,15 @@ class ResultIntake:
 
         result = None
         try:
-            result = self.codec.decode(frames, sender=sender, fold=fold, held=held.entries, **limits)
+            result = self.codec.decode(
+                frames, sender=sender, fold=fold, held=held.entries, stop=entry.pulls_stop, **limits
+            )
             if not opened:  # taken whole: it will not be pulled again
                 held.release()
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
             for result_fold in opened:
-                result_fold.refold = _refold_from(self.codec, frames, sender, held, limits)
+                result_fold.refold = _refold_from(self.codec, frames, sender, held, limits, self._stopping)
                 result_fold.release = held.release
             self._check_against_base(base, site, result)
             entry.take(site, result, state.view, self.rules)
@@ -273,7 +277,7 @@ class ResultIntake:
     ) -> None:
         result = None
         try:
-            result = self.codec.decode(frames, sender=sender, **limits)
+            result = self.codec.decode(frames, sender=sender, stop=entry.pulls_stop, **limits)
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
             self._check_against_base(base, site, result)
@@ -385,6 +389,7 @@ class ResultIntake:
         with self._rounds_lock:
             entry.closed = True
             self._closed_up_to = max(self._closed_up_to, entry.number)
+        entry.pulls_stop.set()  # a result still coming is late: its pull ends now
         self._rebuild_if_tainted(entry, minimum)
         if len(entry.accepted) < minimum:
             failures = "; ".join(f"{site}: {why}" for site, why in entry.failed.items()) or "none"
@@ -436,6 +441,10 @@ class ResultIntake:
     def shutdown(self) -> None:
         """Stop pulling (the job ends) and let the trainers free the results of every round still open."""
         self._stopping.set()
+        with self._rounds_lock:
+            entries = list(self._rounds.values())
+        for entry in entries:
+            entry.pulls_stop.set()
         self._pulls.shutdown(wait=True, cancel_futures=True)
         with self._rounds_lock:
             entries, self._rounds = list(self._rounds.values()), {}
@@ -449,12 +458,15 @@ def _twin_of(aggregator: Aggregator) -> FoldingModelAggregator | None:
 
 
 def _refold_from(
-    codec: MessageCodec, frames: list[Any], sender: str, held: _Held, limits: dict[str, Any]
+    codec: MessageCodec, frames: list[Any], sender: str, held: _Held, limits: dict[str, Any], stop: threading.Event
 ) -> Callable[[ResultFold], None]:
-    """``refold(fold)``: pull the result in ``frames`` once more, into ``fold`` (its sender still serves it)."""
+    """``refold(fold)``: pull the result in ``frames`` once more, into ``fold`` (its sender still serves it).
+
+    ``stop``: set when the job ends; the pull then ends at once.
+    """
 
     def refold(fold: ResultFold) -> None:
-        codec.decode(frames, sender=sender, fold=lambda _peeked: fold, held=held.entries, **limits)
+        codec.decode(frames, sender=sender, fold=lambda _peeked: fold, held=held.entries, stop=stop, **limits)
 
     return refold
 

@@ -347,3 +347,55 @@ def test_a_sender_that_trickles_chunks_fails_the_download_at_its_deadline(proces
     got = download_tensors(receiver, "server", fast_ref, per_request_timeout_s=5, min_throughput=1 << 20)
     assert all(torch.equal(got[name], tensors[name]) for name in tensors)
     service.close()
+
+
+@pytest.mark.parametrize("topic", [TOPIC_INFO, TOPIC_CHUNK])
+def test_a_download_its_receiver_stops_ends_at_once_and_the_cells_go_on(processes: Processes, topic: str) -> None:
+    """A sender that holds a request (the info, or every chunk after the first) cannot hold the
+    receiver past its ``stop``: the wait ends within a fraction of a second, not the per-request
+    timeout, and both cells serve the next download."""
+    server = processes.cell("server")
+    receiver = processes.cell("site-1", connect_to=server.endpoint)
+    service = DownloadService(server)
+    ref = service.add_tensors(seeded_tensors(), CHUNK_BYTES, receivers=["site-1"], timeout_s=60)
+    release, held = threading.Event(), threading.Event()
+    serve = service._on_info if topic == TOPIC_INFO else service._on_chunk
+
+    def holding(message):
+        if topic == TOPIC_INFO or message.header.get("index") != 0:
+            held.set()
+            release.wait(30)
+        return serve(message)
+
+    server.unregister_handler(CHANNEL, topic)
+    server.register_handler(CHANNEL, topic, holding)
+    stop = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def download() -> None:
+        try:
+            download_tensors(receiver, "server", ref, per_request_timeout_s=30, retry=RetryPolicy(), stop=stop)
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    puller = threading.Thread(target=download)
+    puller.start()
+    try:
+        assert held.wait(10)
+        stopped = time.monotonic()
+        stop.set()
+        puller.join(5)
+        assert not puller.is_alive(), "the download went on after its stop was set"
+        assert time.monotonic() - stopped < 1.0
+        assert len(outcome) == 1 and isinstance(outcome[0], StreamingError), outcome
+        assert "stopped" in str(outcome[0])
+    finally:
+        release.set()
+    server.unregister_handler(CHANNEL, topic)
+    server.register_handler(CHANNEL, topic, serve)
+    tensors = seeded_tensors()
+    again = service.add_tensors(tensors, CHUNK_BYTES, receivers=["site-1"], timeout_s=60)
+    got = download_tensors(receiver, "server", again, per_request_timeout_s=10)
+    assert all(torch.equal(got[name], tensors[name]) for name in tensors)
+    service.close()

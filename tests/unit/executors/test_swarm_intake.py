@@ -11,6 +11,7 @@ once the round is over.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from engine.executors.ccwf.swarm_intake import HELD_KEY, ResultIntake, RoundFold
 from engine.model import DXO, DataKind, ReturnCode, Shareable, register_model_types
 from engine.model.ccwf import CCWF_CHANNEL
 from engine.streaming.codec import MessageCodec
-from engine.streaming.service import DownloadService
+from engine.streaming.service import CHANNEL, TOPIC_CHUNK, DownloadService
 from engine.streaming.via_downloader import StreamingContext
 
 SITES = ["site-1", "site-2", "site-3"]  # site-1 aggregates (and trains)
@@ -376,6 +377,64 @@ def test_the_round_closed_refuses_results_and_a_late_fold(swarm: Swarm) -> None:
     mean = DXO.from_shareable(swarm.intake.aggregator_of(entry).aggregate(0)).data
     swarm.intake.end(entry)
     assert_close(mean, independent_mean(["site-1"]))
+
+
+def hold_chunks_after_the_first(swarm: Swarm, site: str, release: threading.Event) -> threading.Event:
+    """``site`` serves the first chunk of its result, then holds every other chunk request (alive, silent)."""
+    held = threading.Event()
+    service = swarm.services[site]
+
+    def holding(message: Message):  # type: ignore[no-untyped-def]
+        if message.header.get("index") != 0:
+            held.set()
+            release.wait(30)
+        return service._on_chunk(message)
+
+    swarm.cells[site].unregister_handler(CHANNEL, TOPIC_CHUNK)
+    swarm.cells[site].register_handler(CHANNEL, TOPIC_CHUNK, holding)
+    return held
+
+
+def test_closing_the_round_ends_the_pull_of_a_result_still_coming(swarm: Swarm) -> None:
+    """The round's end stops the pull at once (not after the 10 s per-request timeout and its
+    retries): the pull thread is free and the sum is rebuilt without the part that came."""
+    release = threading.Event()
+    held = hold_chunks_after_the_first(swarm, "site-3", release)
+    try:
+        entry = swarm.round()
+        swarm.intake.take_own(entry, "site-1", result("site-1"))
+        swarm.send("site-2", result("site-2"))
+        swarm.send("site-3", result("site-3"))
+        wait_answered(entry, ["site-2"])
+        assert held.wait(10)
+        closed = time.monotonic()
+
+        mean = aggregate(swarm, entry, 2)
+        wait_answered(entry, SITES, timeout_s=2.0)
+
+        assert time.monotonic() - closed < 2.0
+        assert re.search("stopped|closed", entry.failed["site-3"])
+        assert sorted(entry.accepted) == ["site-1", "site-2"]
+        assert_close(mean, independent_mean(["site-1", "site-2"]))
+    finally:
+        release.set()
+
+
+def test_shutdown_ends_the_pulls_still_running_at_once(swarm: Swarm) -> None:
+    release = threading.Event()
+    held = hold_chunks_after_the_first(swarm, "site-3", release)
+    try:
+        entry = swarm.round()
+        swarm.send("site-3", result("site-3"))
+        assert held.wait(10)
+        stopping = time.monotonic()
+
+        swarm.intake.shutdown()
+
+        assert time.monotonic() - stopping < 2.0
+        assert "stopped" in entry.failed["site-3"]
+    finally:
+        release.set()
 
 
 class KeepsTheFirst(DXOAggregator):
