@@ -23,6 +23,14 @@ from engine.streaming.downloadable import Downloadable
 #: keeps asking for something (a chunk now and then, the stream's info) without ever finishing
 #: would otherwise hold the waiter (a server's handler thread, say) for as long as it likes.
 LONGEST_WAIT_S = 60.0
+#: How many times over one receiver may be served a download's chunks: its pull and a pull again
+#: into a rebuilt sum, with the retries of chunks whose answers came too late, fit (4 attempts a
+#: chunk on average, each one served); a receiver that asks for the same chunks without end (the
+#: sender's CPU, its link, a quantized chunk encoded again each time) is refused past it.
+MAX_SERVED_FACTOR = 8
+#: How many times one receiver may be given a download's info (each pull asks once, and again
+#: after a lost answer).
+MAX_INFO_SERVED = 32
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +44,8 @@ class _Transaction:
     done: set[str] = field(default_factory=set)
     held: bool = False
     pulled: set[str] = field(default_factory=set)  # receivers that asked for it at least once
+    chunks_served: dict[str, int] = field(default_factory=dict)  # receiver -> chunk requests answered
+    infos_served: dict[str, int] = field(default_factory=dict)  # receiver -> info requests answered
 
 
 class DownloadRegistry:
@@ -77,24 +87,36 @@ class DownloadRegistry:
         return ref
 
     def lookup(self, ref: str, requester: str) -> Downloadable:
-        """Return the downloadable ``ref`` for ``requester`` and push the transaction's deadline.
+        """Return the downloadable ``ref`` for ``requester`` (its info) and push the transaction's deadline.
 
         Raises:
             DownloadRefused: Unknown or finished ref, or a requester that is not a receiver
-                (the same message for both).
+                (the same message for both); or a requester given the info `MAX_INFO_SERVED`
+                times already.
         """
         with self._lock:
-            transaction = self._transactions.get(ref) if isinstance(ref, str) else None
-            if transaction is not None and requester not in transaction.receivers:
-                # Answered exactly as an unknown ref, so that a peer learns nothing of other
-                # cells' downloads by asking for them.
-                log.warning("download refused to a cell it was not offered to: ref=%s requester=%s", ref, requester)
-                transaction = None
-            if transaction is None:
-                raise DownloadRefused(f"unknown or finished download {ref!r}")
-            transaction.deadline = self._clock() + transaction.timeout_s
-            transaction.pulled.add(requester)
+            transaction = self._touch(ref, requester)
+            served = transaction.infos_served.get(requester, 0)
+            if served >= MAX_INFO_SERVED:
+                raise DownloadRefused(
+                    f"download {ref!r}: its info was given to {requester} {served} times already; refused"
+                )
+            transaction.infos_served[requester] = served + 1
             return transaction.downloadable
+
+    def _touch(self, ref: str, requester: str) -> _Transaction:
+        """The transaction ``ref`` of ``requester``, its deadline pushed back (called under the lock)."""
+        transaction = self._transactions.get(ref) if isinstance(ref, str) else None
+        if transaction is not None and requester not in transaction.receivers:
+            # Answered exactly as an unknown ref, so that a peer learns nothing of other
+            # cells' downloads by asking for them.
+            log.warning("download refused to a cell it was not offered to: ref=%s requester=%s", ref, requester)
+            transaction = None
+        if transaction is None:
+            raise DownloadRefused(f"unknown or finished download {ref!r}")
+        transaction.deadline = self._clock() + transaction.timeout_s
+        transaction.pulled.add(requester)
+        return transaction
 
     def serves_from_memory(self, ref: object) -> bool:
         """Whether chunks of ``ref`` come straight from memory (see `Downloadable.in_memory`).
@@ -109,13 +131,23 @@ class DownloadRegistry:
         """Serve chunk ``index`` of ``ref`` to ``requester`` (see `lookup`).
 
         Raises:
-            DownloadRefused: As `lookup`, or an index out of range.
+            DownloadRefused: As `lookup`, an index out of range, or a requester served
+                `MAX_SERVED_FACTOR` times the download's chunks already.
         """
-        downloadable = self.lookup(ref, requester)
-        if type(index) is not int or not 0 <= index < downloadable.chunk_count:
-            raise DownloadRefused(
-                f"chunk {index!r} is out of range: download {ref!r} has {downloadable.chunk_count} chunks"
-            )
+        with self._lock:
+            transaction = self._touch(ref, requester)
+            downloadable = transaction.downloadable
+            if type(index) is not int or not 0 <= index < downloadable.chunk_count:
+                raise DownloadRefused(
+                    f"chunk {index!r} is out of range: download {ref!r} has {downloadable.chunk_count} chunks"
+                )
+            served = transaction.chunks_served.get(requester, 0)
+            if served >= MAX_SERVED_FACTOR * downloadable.chunk_count:
+                raise DownloadRefused(
+                    f"download {ref!r}: {requester} was served {served} chunk requests of its "
+                    f"{downloadable.chunk_count} chunks already ({MAX_SERVED_FACTOR} times over); refused"
+                )
+            transaction.chunks_served[requester] = served + 1
         return downloadable.chunk(index)
 
     def finish(self, ref: str, receiver: str) -> bool:

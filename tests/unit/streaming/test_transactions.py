@@ -13,7 +13,7 @@ from engine.errors import DownloadRefused, StreamingError
 from engine.streaming.downloadable import FileDownloadable, TensorDownloadable
 from engine.streaming.layout import StreamLayout
 from engine.streaming.pull import ByteBudget
-from engine.streaming.transactions import DownloadRegistry
+from engine.streaming.transactions import MAX_INFO_SERVED, MAX_SERVED_FACTOR, DownloadRegistry
 
 
 class FakeClock:
@@ -107,6 +107,26 @@ def test_registry_refuses_bad_requests(ref: str | None, requester: str, index: o
         registry.chunk(ref or real, requester, index)  # type: ignore[arg-type]
 
     assert registry.chunk(real, "site-1", 0)  # the service keeps serving
+
+
+def test_a_receiver_asking_for_the_same_chunks_without_end_is_refused_and_the_others_are_served() -> None:
+    """Each receiver may be served the chunks `MAX_SERVED_FACTOR` times over (a pull, retries, a pull
+    again into a rebuilt sum), and the info `MAX_INFO_SERVED` times; past that it is refused."""
+    registry = DownloadRegistry()
+    ref = registry.add(downloadable(), ["site-1", "site-2"], timeout_s=60)  # 4 chunks
+
+    for _ in range(MAX_SERVED_FACTOR * 4):
+        assert registry.chunk(ref, "site-1", 3)  # the same chunk, over and over
+    with pytest.raises(DownloadRefused, match=r"site-1 was served 32 chunk requests of its 4 chunks already"):
+        registry.chunk(ref, "site-1", 0)
+    for _ in range(MAX_INFO_SERVED):
+        registry.lookup(ref, "site-1")
+    with pytest.raises(DownloadRefused, match=r"its info was given to site-1 32 times already"):
+        registry.lookup(ref, "site-1")
+
+    assert registry.lookup(ref, "site-2").chunk_count == 4
+    assert all(registry.chunk(ref, "site-2", index) for index in range(4))
+    assert all(registry.chunk(ref, "site-2", index) for index in range(4))  # pulled again: a rebuild
 
 
 def test_a_download_must_name_its_receivers() -> None:
