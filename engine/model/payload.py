@@ -35,3 +35,14 @@ def payload_bytes(value: Any) -> int:
 def result_limit(model_bytes: int) -> int:
     """The most bytes a result of a model of ``model_bytes`` may announce."""
     return RESULT_SIZE_FACTOR * model_bytes + RESULT_SLACK_BYTES
+
+
+def limits_after(model_bytes: int | None, what: str) -> dict[str, Any]:
+    """``MessageCodec.decode``'s ``max_bytes`` and ``what`` for a message made from a model of ``model_bytes``.
+
+    ``what`` names the message (``"a result of site-1"``); nothing (no bound) when ``model_bytes`` is None.
+    """
+    if model_bytes is None:
+        return {}
+    bound = f"at most {RESULT_SIZE_FACTOR} x the model of {model_bytes} bytes it was made from"
+    return {"max_bytes": result_limit(model_bytes), "what": f"{what} ({bound})"}

@@ -32,6 +32,7 @@ from engine.executors.ccwf.swarm_roles import SwarmRoles
 from engine.fobs.quantized import MODES as QUANTIZE_MODES
 from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shown_round
 from engine.model.ccwf import CCWF_CHANNEL
+from engine.model.payload import limits_after, payload_bytes
 from engine.model.quantize import quantized_copy
 from engine.paths import JobPaths
 from engine.persistors import ModelPersistor
@@ -155,6 +156,10 @@ class SwarmClientController(ClientSideController):
         self._threads: list[threading.Thread] = []
         self.intake: ResultIntake | None = None
         self._held_offers: list[tuple[int, list[str]]] = []  # results the aggregation clients may pull again
+        #: Bytes of the last round's model this client held: a peer's next model may announce at
+        #: most `limits_after` it (an aggregate is the size of what it was made from); None
+        #: before this client held one (a trainer's first round takes the size announced).
+        self._model_bytes: int | None = None
 
     def use_job_paths(self, paths: JobPaths) -> None:
         """Check ``download_to_disk_dir`` (when downloads go to disk) against the folders the site allows.
@@ -230,6 +235,7 @@ class SwarmClientController(ClientSideController):
         del model
         data.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
         data.set_header(ReservedHeaderKey.TOTAL_ROUNDS, self.roles.end_round)
+        self._model_bytes = payload_bytes(data)
         trainers = self.roles.train_clients
         unreachable: list[str] = []
         candidates = rotate(list(self.roles.aggr_clients), current_round)
@@ -326,7 +332,9 @@ class SwarmClientController(ClientSideController):
         if isinstance(payload, Shareable):
             data = payload
         else:
-            data = self.codec.decode(payload, sender=sender, stop=self.stopped)
+            limits = limits_after(self._model_bytes, f"round {current_round + 1}'s model from {sender}")
+            data = self.codec.decode(payload, sender=sender, stop=self.stopped, **limits)
+            self._model_bytes = payload_bytes(data)
         del payload
         if aggr == self.site:  # the round's model, as sent: results are checked against it as they come
             self._round(current_round).set_base(data)
@@ -505,7 +513,8 @@ class SwarmClientController(ClientSideController):
             return refused(message, why)
         data = None
         try:
-            data = self.codec.decode(list(message.frames), sender=message.source, stop=self.stopped)
+            limits = limits_after(self._model_bytes, f"the final model from {message.source}")
+            data = self.codec.decode(list(message.frames), sender=message.source, stop=self.stopped, **limits)
             model = model_from_shareable(data)
             self.persistor.save_model(dataclasses.replace(model, params=in_memory(model.params or {})))
             self.persistor.flush()

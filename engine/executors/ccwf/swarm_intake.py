@@ -42,7 +42,7 @@ from engine.errors import ResultRefused, WorkflowError
 from engine.executors.ccwf.client_side import refused
 from engine.executors.ccwf.gathering import RoundGathering
 from engine.model import DXO, DataKind, FLModel, ParamsType, ReturnCode, Shareable, shown_round
-from engine.model.payload import RESULT_SIZE_FACTOR, payload_bytes, result_limit
+from engine.model.payload import limits_after, payload_bytes
 from engine.streaming.codec import MessageCodec
 from engine.streaming.lazy import cleanup_lazy_refs
 from engine.streaming.pull import HeldDownload, release_held
@@ -211,7 +211,7 @@ class ResultIntake:
 
     def _pull(self, entry: RoundGathering, site: str, frames: list[Any], sender: str) -> None:
         # Nothing is pulled before the round's model is here: a result is checked against it,
-        # and may announce no more than `result_limit` of its bytes.
+        # and may announce no more than `limits_after` its bytes.
         base = entry.wait_base(self._stopping, BASE_WAIT_S)
         if base is None:
             reason = f"round {entry.number + 1}'s model did not reach {self.site} within {BASE_WAIT_S:g} s"
@@ -219,10 +219,7 @@ class ResultIntake:
             entry.fail(site, f"the result cannot be checked: {reason}")
             return
         model_bytes = payload_bytes(base)
-        limits = {
-            "max_bytes": result_limit(model_bytes),
-            "what": f"a result of {site} (at most {RESULT_SIZE_FACTOR} x the round's model of {model_bytes} bytes)",
-        }
+        limits = limits_after(model_bytes, f"a result of {site}")
         state = entry.fold
         if not isinstance(state, RoundFold):
             self._pull_whole(entry, site, frames, sender, base, limits)

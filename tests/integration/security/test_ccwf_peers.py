@@ -279,6 +279,29 @@ def test_a_swarm_site_cannot_send_rounds_out_of_turn_nor_a_second_result(network
     assert done_0["clients"] == SWARM
 
 
+def test_a_round_model_far_larger_than_the_last_is_refused_before_it_is_pulled(network: Network) -> None:
+    """A trainer bounds a peer's round model by the model it last held (2 x its bytes + 16 MiB):
+    a liar with the sending site's key cannot make it reserve or pull 20 MiB after 32 bytes."""
+    sites = start_swarm(network)
+    liar = network.open("site-1", name="site-1.liar")  # site-1's key: it sends round 2's model
+    sites["site-1"].hold[0] = threading.Event()  # site-1 aggregates round 1 and trains it slowly
+    try:
+        assert sites["site-1"].execute("swarm_start").get_return_code() is ReturnCode.OK
+        sites["site-2"].wait_status("site-2 handed in round 1", lambda s: s.round == 0 and s.phase == "idle")
+        huge = DXO(DataKind.WEIGHTS, {"w": torch.zeros(5 << 20, dtype=torch.float32)}).to_shareable()
+        frames = liar.codec.encode(huge, receivers=["site-2"])
+        reply = liar.cell.request(
+            "site-2", CCWF_CHANNEL, "swarm_learn", {"round": 1, "aggr": "site-2"}, frames, timeout_s=WAIT_S
+        )
+        assert reply.ok  # admitted by its sender's role; the size is checked as it is decoded
+        status = sites["site-2"].wait_status("site-2 refused it", lambda s: bool(s.error))
+    finally:
+        sites["site-1"].hold[0].set()
+
+    assert "more than round 2's model from site-1.liar (at most 2 x the model of 32 bytes" in status.error
+    assert liar.service.bytes_served() == {}
+
+
 CSE_CONFIG = {
     "participants": SWARM,
     "status_interval": 5.0,
