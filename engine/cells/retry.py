@@ -39,6 +39,8 @@ DEFAULT_RETRIES = 5
 DEFAULT_RETRY_BACKOFF_S = 1.0
 #: The longest wait between two attempts, in seconds, however many retries came before.
 MAX_RETRY_WAIT_S = 30.0
+#: Seconds between two looks at ``stop`` while a client cell waits to be connected again.
+STOP_POLL_S = 0.1
 #: The reply statuses worth asking again for: nobody refused, the answer just did not come.
 RETRYABLE = frozenset({Status.TIMEOUT, Status.UNREACHABLE})
 
@@ -219,9 +221,12 @@ def request_with_retries(
 
 
 def _pause(cell: Cell, wait_s: float, stop: threading.Event | None) -> None:
-    """Wait ``wait_s`` seconds; a client cell that is not connected stops waiting once it is."""
+    """Wait ``wait_s`` seconds or until ``stop``; a client cell that is not connected stops waiting once it is."""
     if not cell.connected and not cell.is_server:
-        cell.wait_connected(wait_s)
+        deadline = time.monotonic() + wait_s
+        while not cell.wait_connected(min(STOP_POLL_S, max(0.0, deadline - time.monotonic()))):
+            if (stop is not None and stop.is_set()) or time.monotonic() >= deadline:
+                return
     elif stop is not None:
         stop.wait(wait_s)
     else:

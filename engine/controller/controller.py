@@ -33,6 +33,9 @@ class Controller(ABC):
         needs_live_clients: Whether the workflow's clients work together at the same time (a
             client-controlled workflow such as Swarm): it cannot run on the virtual clients of
             ``flengine run -t``, which a worker runs one at a time.
+        status_workflow: The name of the clients' status reports the workflow follows (a
+            client-controlled workflow's task name prefix, see `JobContext.client_status`); None:
+            it follows none. The runtime keeps only the reports of its workflows' names.
 
     Example:
         >>> class OneRound(Controller):
@@ -50,6 +53,7 @@ class Controller(ABC):
 
     resumable: bool = False
     needs_live_clients: bool = False
+    status_workflow: str | None = None
 
     def __init__(self) -> None:
         self._queue: TaskQueue | None = None

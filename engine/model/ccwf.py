@@ -85,4 +85,5 @@ class WorkflowStatus:
                 sent=float(header.get("sent", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"malformed workflow status {header!r}: {e}") from e
+            # Not the header itself: a peer chose it, up to a MiB of it.
+            raise ValueError(f"malformed workflow status: {type(e).__name__}: {e}") from e

@@ -347,7 +347,7 @@ class ClientJob:
             # An in-process script waiting in flare.receive(into=net) gets the tensors in net's own.
             with self._placement(task_name, routes, data_filters) as place:
                 started = time.monotonic()
-                data = self.codec.decode(reply.frames, sender=reply.source, place=place)
+                data = self.codec.decode(reply.frames, sender=reply.source, place=place, stop=self.abort_signal)
             if not isinstance(data, Shareable):
                 raise TypeError(f"task data must be a Shareable, got {type(data).__name__}")
         except Exception as e:

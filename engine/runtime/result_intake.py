@@ -148,7 +148,13 @@ class ResultIntake:
         try:
             folding = fold if receiver is not None else None
             result = self.codec.decode(
-                message.frames, sender=site, max_bytes=limit, what=what, fold=folding, held=held if folding else None
+                message.frames,
+                sender=site,
+                max_bytes=limit,
+                what=what,
+                fold=folding,
+                held=held if folding else None,
+                stop=self.abort_signal,
             )
             if not isinstance(result, Shareable):
                 raise MalformedMessageError(f"expected a Shareable, got {type(result).__name__}")
@@ -197,5 +203,7 @@ class ResultIntake:
         why = self.liveness.dead().get(site)
         if why is not None:
             raise StreamingError(f"{site} is dead ({why}): its result cannot be pulled again")
-        decoded = self.codec.decode(frames, sender=site, max_bytes=limit, what=what, fold=lambda peeked: sink, held=[])
+        decoded = self.codec.decode(
+            frames, sender=site, max_bytes=limit, what=what, fold=lambda peeked: sink, held=[], stop=self.abort_signal
+        )
         del decoded  # its tensors went to the sink; only meta tensors are left

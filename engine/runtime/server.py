@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cells import Message, Reply, Status
+from engine.cells.log_limit import REFUSALS
 from engine.config import Job
 from engine.controller import Controller, SubmitOutcome, TaskQueue
 from engine.controller.context import JobContext, ReceivedStatus
@@ -115,7 +116,8 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
         self._task_offers: dict[str, tuple[str, list[str]]] = {}
         self._stopped = threading.Event()
         self._memory_slot = threading.Lock()
-        self._status: dict[str, dict[str, ReceivedStatus]] = {}
+        self._status: dict[str, dict[str, ReceivedStatus]] = {}  # workflow -> site -> its latest report
+        self._status_workflows: frozenset[str] = frozenset()  # the names of reports kept: the workflows'
         self._sent_bytes: dict[str, tuple[str, int]] = {}  # task id -> (site, bytes of the model sent)
         self._metrics: MetricsIntake | None = None
         self.chunks_served = 0
@@ -148,6 +150,9 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
             sys.path.insert(0, str(self.app.custom_dir.resolve()))
         components = build_entries(document, "components")
         workflows = build_entries(document, "workflows")
+        self._status_workflows = frozenset(
+            name for workflow in workflows.values() if (name := getattr(workflow, "status_workflow", None)) is not None
+        )
         self._data_filters = FilterChains.build(document, "task_data_filters")
         self._result_filters = FilterChains.build(document, "task_result_filters")
         paths = JobPaths(self.app.folder, self.job.folder, self.workspace, self.site.allowed_dirs)
@@ -395,12 +400,15 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
         """A client's status in a client-controlled workflow (fire and forget: nothing to answer)."""
         site = message.source
         if site not in self.clients:
-            log.warning("status report refused: %s is not a client of this job", site)
+            REFUSALS.warning(log, "status report refused: %s is not a client of this job", site)
             return None
         try:
             status = WorkflowStatus.from_header(dict(message.header))
         except ValueError as e:
-            log.warning("status report of %s ignored: %s", site, e)
+            REFUSALS.warning(log, "status report of %s ignored: %.300s", site, e)
+            return None
+        if status.workflow not in self._status_workflows:  # kept, it would be an entry per name sent
+            REFUSALS.warning(log, "status report of %s ignored: no workflow %.100r in this job", site, status.workflow)
             return None
         with self._lock:
             self._status.setdefault(status.workflow, {})[site] = ReceivedStatus(time.monotonic(), status)

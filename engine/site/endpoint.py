@@ -31,7 +31,7 @@ from engine.site.insecure import INSECURE_KEY
 from engine.streaming.codec import MessageCodec
 from engine.streaming.disk import DiskConsumerFactory, DiskDownloads
 from engine.streaming.service import DownloadService
-from engine.streaming.via_downloader import StreamingContext
+from engine.streaming.via_downloader import StreamingContext, retry_policy_of
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ class SiteEndpoint:
     def start(self) -> SiteEndpoint:
         """Open the cell and start serving downloads; a client returns before it is connected."""
         self.cell.start()
-        self.service = DownloadService(self.cell)
+        self.service = DownloadService(self.cell, retries=retry_policy_of(self.streaming).retries)
         self._codec = MessageCodec(
             default_registry(), StreamingContext.from_config(self.cell, self.service, self.streaming)
         )

@@ -221,12 +221,16 @@ def _download(
         raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
     if type(min_throughput) is not int or min_throughput < 0:
         raise ValueError(f"min_throughput must be an integer >= 0, got {min_throughput!r}")
+    if stop is not None and stop.is_set():
+        raise StreamingError(f"{where}: stopped before it began, the receiver no longer wants it")
     asked = time.monotonic()
     try:
         info = request_with_retries(
             cell, source, CHANNEL, TOPIC_INFO, {"ref": ref}, timeout_s=timeout_s, policy=retry, stop=stop
         )
     except CellError as e:
+        if stop is not None and stop.is_set():  # not wanted any more: the sender may free it now
+            report_done(cell, source, ref)
         raise StreamingError(f"{where} failed: {e}") from e
     offered = info.header.get("kind", KIND_TENSORS)  # senders before files existed sent no kind
     if offered != kind:
@@ -252,6 +256,8 @@ def _download(
         result = consumer.finish()
     except BaseException:
         consumer.abort()
+        if stop is not None and stop.is_set():  # not wanted any more: the sender may free it now
+            report_done(cell, source, ref)
         raise
     if held is not None:
         held.append((source, ref))

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from engine.cells import Cell, Message, Reply, Status
+from engine.cells.retry import DEFAULT_RETRIES
 from engine.errors import DownloadRefused, StreamingError
 from engine.fault_points import fault_point
 from engine.streaming.downloadable import FileDownloadable, TensorDownloadable
@@ -37,11 +38,15 @@ class DownloadService:
     Args:
         cell: The sending cell; the service registers its handlers on it.
         sweep_interval_s: Seconds between sweeps that drop timed-out transactions.
+        retries: The job's ``streaming_retries``: how often a receiver may ask a chunk again
+            in a pull (it bounds the requests one receiver is served, `chunk_requests_allowed`).
     """
 
-    def __init__(self, cell: Cell, sweep_interval_s: float = DEFAULT_SWEEP_INTERVAL_S) -> None:
+    def __init__(
+        self, cell: Cell, sweep_interval_s: float = DEFAULT_SWEEP_INTERVAL_S, retries: int = DEFAULT_RETRIES
+    ) -> None:
         self._cell = cell
-        self.registry = DownloadRegistry()
+        self.registry = DownloadRegistry(retries=retries)
         #: Chunks this service has served (a figure for logs and tests).
         self.chunks_served = 0
         self._bytes_served: dict[str, int] = {}  # requester -> chunk bytes served to it

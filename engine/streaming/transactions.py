@@ -1,8 +1,9 @@
 """`DownloadRegistry`: the sender's book of downloadables, their receivers and their deadlines.
 
 Plain bookkeeping, no sockets: the download service asks it to answer each chunk request, and
-it frees a downloadable when every receiver has finished, when its transaction times out
-(a receiver vanished), when its owner drops it, or when the job ends. A held transaction (its
+it frees a downloadable when every receiver has finished (or was refused past its share of
+requests), when its transaction times out (a receiver vanished), when its owner drops it, or
+when the job ends. A held transaction (its
 receiver may pull it again later: a server that folded a result into a sum may need it once
 more) does not time out.
 """
@@ -16,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from engine.cells.retry import DEFAULT_RETRIES
 from engine.errors import DownloadRefused, StreamingError
 from engine.streaming.downloadable import Downloadable
 
@@ -23,14 +25,24 @@ from engine.streaming.downloadable import Downloadable
 #: keeps asking for something (a chunk now and then, the stream's info) without ever finishing
 #: would otherwise hold the waiter (a server's handler thread, say) for as long as it likes.
 LONGEST_WAIT_S = 60.0
-#: How many times over one receiver may be served a download's chunks: its pull and a pull again
-#: into a rebuilt sum, with the retries of chunks whose answers came too late, fit (4 attempts a
-#: chunk on average, each one served); a receiver that asks for the same chunks without end (the
-#: sender's CPU, its link, a quantized chunk encoded again each time) is refused past it.
-MAX_SERVED_FACTOR = 8
+#: Pulls of one download a receiver may make: its pull and a pull again into a rebuilt sum.
+PULLS_PER_RECEIVER = 2
+#: Chunk requests a receiver is served beyond `PULLS_PER_RECEIVER` x (retries + 1) x the chunks.
+SERVED_SLACK = 64
 #: How many times one receiver may be given a download's info (each pull asks once, and again
 #: after a lost answer).
 MAX_INFO_SERVED = 32
+
+
+def chunk_requests_allowed(chunk_count: int, retries: int) -> int:
+    """Chunk requests one receiver is served of a download of ``chunk_count`` chunks at most.
+
+    Each of its pulls may ask every chunk ``retries + 1`` times (a late answer was still served),
+    and it may pull `PULLS_PER_RECEIVER` times; a receiver that asks for the same chunks without
+    end (the sender's CPU, its link, a quantized chunk encoded again each time) is refused past it.
+    """
+    return PULLS_PER_RECEIVER * (retries + 1) * chunk_count + SERVED_SLACK
+
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +56,7 @@ class _Transaction:
     done: set[str] = field(default_factory=set)
     held: bool = False
     pulled: set[str] = field(default_factory=set)  # receivers that asked for it at least once
+    chunk_requests_allowed: int = 0  # per receiver
     chunks_served: dict[str, int] = field(default_factory=dict)  # receiver -> chunk requests answered
     infos_served: dict[str, int] = field(default_factory=dict)  # receiver -> info requests answered
 
@@ -53,10 +66,13 @@ class DownloadRegistry:
 
     Args:
         clock: Seconds, monotonic; tests pass their own.
+        retries: The receivers' ``streaming_retries`` (this side's): each chunk may be asked that
+            many times again in a pull (see `chunk_requests_allowed`).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, retries: int = DEFAULT_RETRIES) -> None:
         self._clock = clock
+        self._retries = retries
         self._transactions: dict[str, _Transaction] = {}
         self._lock = threading.Lock()
         self._gone = threading.Condition(self._lock)  # notified whenever transactions end
@@ -83,7 +99,13 @@ class DownloadRegistry:
         with self._lock:
             if self._closed:
                 raise StreamingError("the download service is closed: nothing more can be offered")
-            self._transactions[ref] = _Transaction(downloadable, members, timeout_s, self._clock() + timeout_s)
+            self._transactions[ref] = _Transaction(
+                downloadable,
+                members,
+                timeout_s,
+                self._clock() + timeout_s,
+                chunk_requests_allowed=chunk_requests_allowed(downloadable.chunk_count, self._retries),
+            )
         return ref
 
     def lookup(self, ref: str, requester: str) -> Downloadable:
@@ -92,20 +114,22 @@ class DownloadRegistry:
         Raises:
             DownloadRefused: Unknown or finished ref, or a requester that is not a receiver
                 (the same message for both); or a requester given the info `MAX_INFO_SERVED`
-                times already.
+                times already (it then counts as done with the download).
         """
         with self._lock:
-            transaction = self._touch(ref, requester)
+            transaction = self._find(ref, requester)
             served = transaction.infos_served.get(requester, 0)
-            if served >= MAX_INFO_SERVED:
-                raise DownloadRefused(
-                    f"download {ref!r}: its info was given to {requester} {served} times already; refused"
-                )
-            transaction.infos_served[requester] = served + 1
-            return transaction.downloadable
+            if served < MAX_INFO_SERVED:
+                transaction.infos_served[requester] = served + 1
+                self._asked(transaction, requester)
+                return transaction.downloadable
+            freed = self._done_with(ref, transaction, requester)
+        if freed:
+            transaction.downloadable.release()
+        raise DownloadRefused(f"download {ref!r}: its info was given to {requester} {served} times already; refused")
 
-    def _touch(self, ref: str, requester: str) -> _Transaction:
-        """The transaction ``ref`` of ``requester``, its deadline pushed back (called under the lock)."""
+    def _find(self, ref: str, requester: str) -> _Transaction:
+        """The transaction ``ref`` of ``requester`` (called under the lock)."""
         transaction = self._transactions.get(ref) if isinstance(ref, str) else None
         if transaction is not None and requester not in transaction.receivers:
             # Answered exactly as an unknown ref, so that a peer learns nothing of other
@@ -114,9 +138,15 @@ class DownloadRegistry:
             transaction = None
         if transaction is None:
             raise DownloadRefused(f"unknown or finished download {ref!r}")
+        return transaction
+
+    def _asked(self, transaction: _Transaction, requester: str) -> None:
+        """A request of ``requester`` was answered: the transaction's deadline is pushed back (under the lock).
+
+        Not for a refused one: a receiver refused past its share cannot keep the download alive.
+        """
         transaction.deadline = self._clock() + transaction.timeout_s
         transaction.pulled.add(requester)
-        return transaction
 
     def serves_from_memory(self, ref: object) -> bool:
         """Whether chunks of ``ref`` come straight from memory (see `Downloadable.in_memory`).
@@ -132,23 +162,40 @@ class DownloadRegistry:
 
         Raises:
             DownloadRefused: As `lookup`, an index out of range, or a requester served
-                `MAX_SERVED_FACTOR` times the download's chunks already.
+                `chunk_requests_allowed` already (it then counts as done with the download).
         """
         with self._lock:
-            transaction = self._touch(ref, requester)
+            transaction = self._find(ref, requester)
             downloadable = transaction.downloadable
             if type(index) is not int or not 0 <= index < downloadable.chunk_count:
                 raise DownloadRefused(
                     f"chunk {index!r} is out of range: download {ref!r} has {downloadable.chunk_count} chunks"
                 )
             served = transaction.chunks_served.get(requester, 0)
-            if served >= MAX_SERVED_FACTOR * downloadable.chunk_count:
-                raise DownloadRefused(
-                    f"download {ref!r}: {requester} was served {served} chunk requests of its "
-                    f"{downloadable.chunk_count} chunks already ({MAX_SERVED_FACTOR} times over); refused"
-                )
-            transaction.chunks_served[requester] = served + 1
-        return downloadable.chunk(index)
+            if served < transaction.chunk_requests_allowed:
+                transaction.chunks_served[requester] = served + 1
+                self._asked(transaction, requester)
+                return downloadable.chunk(index)
+            freed = self._done_with(ref, transaction, requester)
+        if freed:
+            downloadable.release()
+        raise DownloadRefused(
+            f"download {ref!r}: {requester} was served {served} chunk requests of its {downloadable.chunk_count} "
+            f"chunks already, all it may ask for with {self._retries} retries; refused"
+        )
+
+    def _done_with(self, ref: str, transaction: _Transaction, receiver: str) -> bool:
+        """Record ``receiver`` as done with ``ref``; True when it was the last: ``ref`` is gone (under the lock).
+
+        The caller releases the downloadable once the lock is free. A receiver refused past its
+        share is done too: it gets nothing more, and must not keep the download alive.
+        """
+        transaction.done.add(receiver)
+        if not transaction.receivers <= transaction.done:
+            return False
+        del self._transactions[ref]
+        self._gone.notify_all()
+        return True
 
     def finish(self, ref: str, receiver: str) -> bool:
         """Record that ``receiver`` has everything; free the downloadable when all have. Return True if freed."""
@@ -156,14 +203,11 @@ class DownloadRegistry:
             transaction = self._transactions.get(ref) if isinstance(ref, str) else None
             if transaction is None or receiver not in transaction.receivers:
                 return False  # only a receiver it was offered to can say it is done
-            transaction.done.add(receiver)
-            if not transaction.receivers <= transaction.done:
-                return False
-            del self._transactions[ref]
-            self._gone.notify_all()
-        transaction.downloadable.release()
-        log.debug("download finished ref=%s receivers=%d", ref, len(transaction.done))
-        return True
+            freed = self._done_with(ref, transaction, receiver)
+        if freed:
+            transaction.downloadable.release()
+            log.debug("download finished ref=%s receivers=%d", ref, len(transaction.done))
+        return freed
 
     def never_pulled(self, refs: Iterable[str]) -> set[str]:
         """The receivers of the open transactions ``refs`` that have not asked for a single chunk yet."""

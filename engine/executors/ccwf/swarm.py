@@ -320,8 +320,11 @@ class SwarmClientController(ClientSideController):
                 self._learn(header, payload, served, sender)
             except Exception as e:
                 shown = shown_round(header.get("round"))
-                log.exception("round %s failed on %s", shown, self.site)
-                self.update_status(error=f"round {shown} on {self.site}: {type(e).__name__}: {e}")
+                if self.stopped.is_set():  # the job ends: what failed is not wanted any more
+                    log.info("round %s ended on %s with the job: %s", shown, self.site, e)
+                else:
+                    log.exception("round %s failed on %s", shown, self.site)
+                    self.update_status(error=f"round {shown} on {self.site}: {type(e).__name__}: {e}")
             del payload
 
     def _learn(self, header: dict[str, Any], payload: Any, served: list[str], sender: str | None = None) -> None:

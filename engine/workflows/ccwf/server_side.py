@@ -73,6 +73,7 @@ class ServerSideController(Controller):
         if start_round < 0 or min_clients < 0:
             raise ValueError(f"start_round and min_clients must be >= 0, got {start_round} and {min_clients}")
         self.task_name_prefix = task_name_prefix
+        self.status_workflow = task_name_prefix
         self.num_rounds = num_rounds
         self.start_round = start_round
         self.configure_task_timeout = configure_task_timeout

@@ -6,6 +6,7 @@ honest, one that misbehaves within what its key allows.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -17,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from engine.cells import Cell, CellSettings, Message
+from engine.cells.log_limit import REFUSALS
 from engine.config import load_job
 from engine.errors import CellRemoteError
 from engine.model import Shareable
+from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
 from engine.runtime import protocol, result_intake
 from engine.runtime.assembly import streaming_settings
 from engine.runtime.server import ServerJob
@@ -158,3 +161,25 @@ def test_cells_that_are_not_clients_leave_nothing_in_the_servers_memory(job: Job
         finally:
             cell.stop()
     assert job.server.repeats.sites() == set()
+
+
+def test_status_reports_of_workflows_the_job_does_not_run_are_not_kept(
+    job: Job, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each report is kept under the workflow it names: a site naming a new one each time (with a
+    MiB of rounds in each) would grow the server's memory without end. Only the job's are kept."""
+    REFUSALS.reset()
+    site = job.site("site-2")
+    try:
+        with caplog.at_level(logging.WARNING, logger="engine.runtime.server"):
+            for index in range(5):
+                status = WorkflowStatus(f"swarm-{index}", round=0, rounds_done=[{"round": 0}] * 1000)
+                site.cell.send("server", CCWF_CHANNEL, TOPIC_STATUS, status.to_header())
+            deadline = time.monotonic() + 10
+            while caplog.text.count("ignored: no workflow") < 5 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert caplog.text.count("ignored: no workflow") == 5, caplog.text
+        assert "status report of site-2 ignored: no workflow 'swarm-4' in this job" in caplog.text
+        assert job.server._status == {}
+    finally:
+        site.close()

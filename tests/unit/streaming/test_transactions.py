@@ -13,7 +13,12 @@ from engine.errors import DownloadRefused, StreamingError
 from engine.streaming.downloadable import FileDownloadable, TensorDownloadable
 from engine.streaming.layout import StreamLayout
 from engine.streaming.pull import ByteBudget
-from engine.streaming.transactions import MAX_INFO_SERVED, MAX_SERVED_FACTOR, DownloadRegistry
+from engine.streaming.transactions import (
+    MAX_INFO_SERVED,
+    SERVED_SLACK,
+    DownloadRegistry,
+    chunk_requests_allowed,
+)
 
 
 class FakeClock:
@@ -110,23 +115,51 @@ def test_registry_refuses_bad_requests(ref: str | None, requester: str, index: o
 
 
 def test_a_receiver_asking_for_the_same_chunks_without_end_is_refused_and_the_others_are_served() -> None:
-    """Each receiver may be served the chunks `MAX_SERVED_FACTOR` times over (a pull, retries, a pull
-    again into a rebuilt sum), and the info `MAX_INFO_SERVED` times; past that it is refused."""
-    registry = DownloadRegistry()
+    """Each receiver may be served 2 pulls of every chunk asked (retries + 1) times, plus a slack,
+    and the info `MAX_INFO_SERVED` times; past that it is refused and counts as done."""
+    registry = DownloadRegistry(retries=2)
     ref = registry.add(downloadable(), ["site-1", "site-2"], timeout_s=60)  # 4 chunks
+    allowed = chunk_requests_allowed(4, retries=2)
+    assert allowed == 2 * 3 * 4 + SERVED_SLACK
 
-    for _ in range(MAX_SERVED_FACTOR * 4):
+    for _ in range(allowed):
         assert registry.chunk(ref, "site-1", 3)  # the same chunk, over and over
-    with pytest.raises(DownloadRefused, match=r"site-1 was served 32 chunk requests of its 4 chunks already"):
+    with pytest.raises(DownloadRefused, match=rf"site-1 was served {allowed} chunk requests of its 4 chunks already"):
         registry.chunk(ref, "site-1", 0)
     for _ in range(MAX_INFO_SERVED):
-        registry.lookup(ref, "site-1")
-    with pytest.raises(DownloadRefused, match=r"its info was given to site-1 32 times already"):
-        registry.lookup(ref, "site-1")
+        registry.lookup(ref, "site-2")
+    with pytest.raises(DownloadRefused, match=r"its info was given to site-2 32 times already"):
+        registry.lookup(ref, "site-2")
 
-    assert registry.lookup(ref, "site-2").chunk_count == 4
-    assert all(registry.chunk(ref, "site-2", index) for index in range(4))
-    assert all(registry.chunk(ref, "site-2", index) for index in range(4))  # pulled again: a rebuild
+    assert len(registry) == 0  # both refused past their share: done, and the download is freed
+
+
+def test_an_honest_receiver_retrying_every_chunk_and_pulling_again_is_served() -> None:
+    registry = DownloadRegistry(retries=5)
+    ref = registry.add(downloadable(), ["site-1"], timeout_s=60)  # 4 chunks
+
+    for _pull in range(2):  # a pull, then a pull again into a rebuilt sum
+        registry.lookup(ref, "site-1")
+        for index in range(4):
+            for _attempt in range(6):  # every answer late but the last, with 5 retries
+                assert registry.chunk(ref, "site-1", index)
+    assert len(registry) == 1
+
+
+def test_requests_refused_past_a_receivers_share_do_not_keep_the_download_alive() -> None:
+    clock = FakeClock()
+    registry = DownloadRegistry(clock, retries=0)
+    ref = registry.add(downloadable(), ["site-1", "site-2"], timeout_s=10)
+    for _ in range(chunk_requests_allowed(4, retries=0)):
+        registry.chunk(ref, "site-1", 0)
+
+    for _ in range(2):  # refused every 6 s: the 10 s timeout runs on from the last answered one
+        clock.now += 6
+        with pytest.raises(DownloadRefused, match="refused"):
+            registry.chunk(ref, "site-1", 0)
+    registry.expire()
+
+    assert len(registry) == 0
 
 
 def test_a_download_must_name_its_receivers() -> None:
