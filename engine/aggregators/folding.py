@@ -104,6 +104,8 @@ class ResultFold:
         #: Whether anything of this result is in the sum (a failure then taints it).
         self.touched = False
         self.failed: str | None = None
+        #: Set when it fails: a pull still running into it (a rebuild's, past its time) may end at once.
+        self.ended = threading.Event()
         #: Whether its tensors came one at a time from a stream (`check_layout` was called).
         self.streamed = False
         #: ``refold(fold)``: pulls this result once more into ``fold`` (set by who received it).
@@ -194,7 +196,10 @@ class ResultFold:
         Returns:
             Whether it was failed now: False when it had been committed, failed or forgotten before.
         """
-        return self.owner._fail(self, reason)
+        failed = self.owner._fail(self, reason)
+        if failed:
+            self.ended.set()
+        return failed
 
 
 class FoldingModelAggregator(ModelAggregator):

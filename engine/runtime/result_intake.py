@@ -197,6 +197,8 @@ class ResultIntake:
     def _refold(self, frames: list[Any], site: str, limit: int, what: str, sink: Any) -> None:
         """Pull a folded result of ``site`` once more, into ``sink`` (a rebuild of the round's sum).
 
+        The pull ends at once when ``sink`` fails (past the rebuild's time for it, or the job stopping).
+
         Raises:
             StreamingError: ``site`` is dead (its process ended): nothing to pull, no time spent waiting.
         """
@@ -204,6 +206,6 @@ class ResultIntake:
         if why is not None:
             raise StreamingError(f"{site} is dead ({why}): its result cannot be pulled again")
         decoded = self.codec.decode(
-            frames, sender=site, max_bytes=limit, what=what, fold=lambda peeked: sink, held=[], stop=self.abort_signal
+            frames, sender=site, max_bytes=limit, what=what, fold=lambda peeked: sink, held=[], stop=sink.ended
         )
         del decoded  # its tensors went to the sink; only meta tensors are left

@@ -248,7 +248,7 @@ class ResultIntake:
             if not isinstance(result, Shareable):
                 raise TypeError(f"expected a Shareable, got {type(result).__name__}")
             for result_fold in opened:
-                result_fold.refold = _refold_from(self.codec, frames, sender, held, limits, self._stopping)
+                result_fold.refold = _refold_from(self.codec, frames, sender, held, limits)
                 result_fold.release = held.release
             self._check_against_base(base, site, result)
             entry.take(site, result, state.view, self.rules)
@@ -455,15 +455,15 @@ def _twin_of(aggregator: Aggregator) -> FoldingModelAggregator | None:
 
 
 def _refold_from(
-    codec: MessageCodec, frames: list[Any], sender: str, held: _Held, limits: dict[str, Any], stop: threading.Event
+    codec: MessageCodec, frames: list[Any], sender: str, held: _Held, limits: dict[str, Any]
 ) -> Callable[[ResultFold], None]:
     """``refold(fold)``: pull the result in ``frames`` once more, into ``fold`` (its sender still serves it).
 
-    ``stop``: set when the job ends; the pull then ends at once.
+    The pull ends at once when ``fold`` fails (past the rebuild's time for it, or the job stopping).
     """
 
     def refold(fold: ResultFold) -> None:
-        codec.decode(frames, sender=sender, fold=lambda _peeked: fold, held=held.entries, stop=stop, **limits)
+        codec.decode(frames, sender=sender, fold=lambda _peeked: fold, held=held.entries, stop=fold.ended, **limits)
 
     return refold
 

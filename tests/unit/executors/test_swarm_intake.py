@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from engine import fobs
-from engine.aggregators import DXOAggregator, ResultRules
+from engine.aggregators import DXOAggregator, ResultRules, folding
 from engine.cells import Cell, CellSettings, Message
 from engine.errors import WorkflowError
 from engine.executors.ccwf.gathering import RoundGathering
@@ -435,6 +435,34 @@ def test_shutdown_ends_the_pulls_still_running_at_once(swarm: Swarm) -> None:
         assert "stopped" in entry.failed["site-3"]
     finally:
         release.set()
+
+
+def test_a_pull_again_past_its_time_in_a_rebuild_ends_at_once(swarm: Swarm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """site-2 answers its first pull, then holds the rebuild's: left out after its time, and its
+    pull (a thread, the pending requests) ends then, not after the 10 s per-request timeout."""
+    monkeypatch.setattr(folding, "MIN_REBUILD_S", 0.5)
+    release = threading.Event()
+    entry = swarm.round()
+    poisoned = trained("site-3")
+    poisoned["c"].view(-1)[-1] = float("nan")
+    swarm.intake.take_own(entry, "site-1", result("site-1"))
+    swarm.send("site-2", result("site-2"))
+    wait_answered(entry, ["site-2"])
+    swarm.send("site-3", result("site-3", params=poisoned))
+    wait_answered(entry, SITES)
+    held = hold_chunks_after_the_first(swarm, "site-2", release)
+    try:
+        mean = aggregate(swarm, entry, 1)
+        assert held.is_set()
+        left_out = time.monotonic()
+        while any(thread.name == "refold-site-2" for thread in threading.enumerate()):
+            assert time.monotonic() - left_out < 2.0, "the pull went on after it was left out"
+            time.sleep(0.02)
+    finally:
+        release.set()
+
+    assert "not in again within 0.5 s" in entry.failed["site-2"]
+    assert_close(mean, independent_mean(["site-1"]))
 
 
 class KeepsTheFirst(DXOAggregator):
