@@ -112,6 +112,7 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
         self._told_end: set[str] = set()
         self._task_frames: dict[int, tuple[Any, list[Any]]] = {}
         self._offers_of_task: dict[int, list[str]] = {}  # id(task) -> ref ids of its task data's downloads
+        self._delivered: dict[int, set[str]] = {}  # id(task) -> the clients its shared frames went to
         # client task id -> its client, and the downloads of the data it was sent
         self._task_offers: dict[str, tuple[str, list[str]]] = {}
         self._stopped = threading.Event()
@@ -368,21 +369,27 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
 
     def _task_frames_for(self, assignment: Any, site: str) -> list[Any]:
         """The task's frames: encoded once per task (one downloadable for all its clients), or
-        once per client when a data filter may make each client's different."""
+        once per client when a data filter may make each client's different, or for a client
+        that takes the task again (broadcast for ever): a download is pulled once per receiver."""
         filters = self._data_filters
-        if filters and not filters.same_for_every_site(assignment.task_name):
-            data = filters.apply(assignment.task_name, _private_copy(assignment.data), site)
+        task = assignment.client_task.task
+        with self._lock:
+            again = site in self._delivered.get(id(task), ())
+        if again or (filters and not filters.same_for_every_site(assignment.task_name)):
+            data = assignment.data
+            if filters:
+                data = filters.apply(assignment.task_name, _private_copy(data), site)
             offers: list[str] = []
             frames = self.codec.encode(data, receivers=[site], offers=offers)
             with self._lock:
                 self._task_offers[assignment.task_id] = (site, offers)
             return frames
-        task = assignment.client_task.task
         with self._lock:
             for key, (cached, _) in list(self._task_frames.items()):
                 if cached.completion_status is not None:
                     del self._task_frames[key]
                     self._offers_of_task.pop(key, None)
+                    self._delivered.pop(key, None)
             entry = self._task_frames.get(id(task))
             if entry is None:
                 receivers = list(task.targets) if task.targets else list(self.clients)
@@ -394,6 +401,7 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
                 self._task_frames[id(task)] = entry
                 self._offers_of_task[id(task)] = offers
             self._task_offers[assignment.task_id] = (site, self._offers_of_task.get(id(task), []))
+            self._delivered.setdefault(id(task), set()).add(site)
         return entry[1]
 
     def _on_status(self, message: Message) -> None:

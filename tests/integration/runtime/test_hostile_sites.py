@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import shutil
 import threading
 import time
 import uuid
@@ -21,7 +22,7 @@ from engine.cells import Cell, CellSettings, Message
 from engine.cells.log_limit import REFUSALS
 from engine.config import load_job
 from engine.errors import CellRemoteError
-from engine.model import Shareable
+from engine.model import Shareable, model_from_shareable
 from engine.model.ccwf import CCWF_CHANNEL, TOPIC_STATUS, WorkflowStatus
 from engine.runtime import protocol, result_intake
 from engine.runtime.assembly import streaming_settings
@@ -40,9 +41,10 @@ class Job:
     endpoint: str
     keys: dict[str, Path]
     tmp: Path
+    folder: Path = REPO / "jobs" / "fedavg"
 
     def site(self, name: str) -> SiteEndpoint:
-        stream = streaming_settings(load_job(REPO / "jobs" / "fedavg").app_for(name).client.data)
+        stream = streaming_settings(load_job(self.folder).app_for(name).client.data)
         settings = SiteSettings(name, CellSettings(heartbeat_timeout_s=30), self.keys[name])
         site = SiteEndpoint.for_site(settings, stream, connect_to=self.endpoint, workspace=self.tmp).start()
         assert site.cell.wait_connected(10)
@@ -51,11 +53,16 @@ class Job:
 
 @pytest.fixture
 def job(tmp_path: Path) -> Iterator[Job]:
+    yield from running(tmp_path, REPO / "jobs" / "fedavg")
+
+
+def running(tmp_path: Path, folder: Path) -> Iterator[Job]:
+    """The server job of ``folder`` running in a thread, until the test is over."""
     keys = write_site_key_folders(tmp_path / "keys", "server", SITES)
     events: queue.Queue[dict] = queue.Queue()
     (tmp_path / "server").mkdir()
     server = ServerJob(
-        load_job(REPO / "jobs" / "fedavg"),
+        load_job(folder),
         SiteSettings("server", CellSettings(host="127.0.0.1", port=0), keys["server"]),
         tmp_path / "server",
         SITES,
@@ -66,7 +73,7 @@ def job(tmp_path: Path) -> Iterator[Job]:
     runner.start()
     endpoint = next(e for e in iter(lambda: events.get(timeout=30), None) if e["event"] == "listening")["endpoint"]
     try:
-        yield Job(server, endpoint, keys, tmp_path)
+        yield Job(server, endpoint, keys, tmp_path, folder)
     finally:
         server.abort("test over")
         runner.join(30)
@@ -183,3 +190,58 @@ def test_status_reports_of_workflows_the_job_does_not_run_are_not_kept(
         assert job.server._status == {}
     finally:
         site.close()
+
+
+FOREVER = """
+import threading
+
+import torch
+
+from engine.controller import Controller, Task
+from engine.model import FLModel, shareable_from_model
+
+
+class Forever(Controller):
+    def run(self) -> None:
+        task = Task("train", shareable_from_model(FLModel(params={"w": torch.arange(100000.0)})), timeout=120)
+        self.broadcast_forever(task)
+        self.abort_signal.wait()
+"""
+
+
+@pytest.fixture
+def forever_job(tmp_path: Path) -> Iterator[Job]:
+    folder = tmp_path / "forever"
+    shutil.copytree(REPO / "jobs" / "fedavg", folder)
+    (folder / "app" / "custom" / "forever.py").write_text(FOREVER)
+    server_conf = folder / "app" / "config" / "config_fed_server.conf"
+    text = server_conf.read_text()
+    start, end = text.index("workflows = ["), text.index("components = [")
+    server_conf.write_text(text[:start] + "workflows = [{ id = forever, path = forever.Forever }]\n\n" + text[end:])
+    yield from running(tmp_path, folder)
+
+
+def test_a_task_broadcast_for_ever_is_pulled_anew_each_time_a_site_takes_it_again(forever_job: Job) -> None:
+    """Each site pulls a download once: a site that takes the same task again gets a download of
+    its own, pulled even after the first one was freed (every receiver done with it)."""
+    sites = [forever_job.site(name) for name in SITES]
+    try:
+        first = tasks_of(*sites)
+        for site, task in zip(sites, first, strict=True):
+            model = site.codec.decode(task.frames, sender="server")  # each pulls, and reports done
+            assert model_from_shareable(model).params["w"][-1].item() == 99999.0
+            submit(site, task)
+        deadline = time.monotonic() + 10
+        while len(forever_job.server.endpoint.service.registry) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(forever_job.server.endpoint.service.registry) == 0  # the shared download is freed
+
+        for _ in range(3):
+            again = task_of(sites[0])
+            assert again.header["task_id"] != first[0].header["task_id"]
+            model = sites[0].codec.decode(again.frames, sender="server")
+            assert model_from_shareable(model).params["w"][-1].item() == 99999.0
+            submit(sites[0], again)
+    finally:
+        for site in sites:
+            site.close()
