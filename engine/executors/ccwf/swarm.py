@@ -24,7 +24,8 @@ from typing import Any
 from engine.aggregators import Aggregator, ResultRules
 from engine.aggregators.rules import marked_from_one_site
 from engine.cells import Message, Reply, Status
-from engine.errors import CellError, CellRemoteError
+from engine.cells.retry import Absence
+from engine.errors import CellError, CellRemoteError, CellUnreachableError
 from engine.executors.ccwf.client_side import ClientSideController, owner_among, refused
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy, rotate
 from engine.executors.ccwf.swarm_intake import HELD_KEY, ResultIntake
@@ -382,12 +383,19 @@ class SwarmClientController(ClientSideController):
 
     def _submit(self, aggr: str, current_round: int, result: Shareable) -> None:
         """Offer the result to the aggregation client, which pulls its tensors when it can (and, when
-        its reply says so, again until its round ends: the offer is held past its timeout)."""
+        its reply says so, again until its round ends: the offer is held past its timeout).
+
+        Raises:
+            RuntimeError: ``aggr`` did not take it within ``request_to_submit_result_max_wait``, or
+                is gone (unreachable for longer than the cell's heartbeat timeout): the round
+                cannot be aggregated, and the swarm ends with the reason instead of waiting.
+        """
         offers: list[str] = []
         frames = self.codec.encode(self._outgoing(result), receivers=[aggr], offers=offers)
         ok = result.get_return_code() is ReturnCode.OK
         header = {"round": current_round, "ok": ok}
         deadline = time.monotonic() + self.submit_max_wait
+        away = Absence(self.cell.settings.heartbeat_timeout_s)
         while not self.stopped.is_set():
             try:
                 reply = self.cell.request(
@@ -401,7 +409,16 @@ class SwarmClientController(ClientSideController):
                 log.warning("round %d: %s refused the result: %s", current_round + 1, aggr, e)
                 return
             except CellError as e:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if not isinstance(e, CellUnreachableError):
+                    away.heard()  # it is there, only slow
+                elif self.cell.connected and (away_s := away.unreachable(now)) > away.limit_s:
+                    raise RuntimeError(
+                        f"aggregation client {aggr} of round {current_round + 1} is gone (unreachable for "
+                        f"{away_s:.0f} s, more than the heartbeat timeout of {away.limit_s:g} s): "
+                        "the round cannot be aggregated without it"
+                    ) from e
+                if now > deadline:
                     raise RuntimeError(
                         f"could not hand the result to aggregation client {aggr} within "
                         f"request_to_submit_result_max_wait={self.submit_max_wait:g} s: {e}"

@@ -302,6 +302,27 @@ def test_a_round_model_far_larger_than_the_last_is_refused_before_it_is_pulled(n
     assert liar.service.bytes_served() == {}
 
 
+def test_a_trainer_whose_aggregation_client_is_gone_ends_the_swarm_within_the_heartbeat_timeout(
+    network: Network,
+) -> None:
+    """site-1 aggregates round 1 and dies while site-2 trains it: site-2 reports why at once
+    (about the heartbeat timeout, 2 s here), not after request_to_submit_result_max_wait (30 s)."""
+    sites = start_swarm(network)
+    sites["site-2"].hold[0] = threading.Event()
+    try:
+        assert sites["site-1"].execute("swarm_start").get_return_code() is ReturnCode.OK
+        sites["site-2"].wait_status("site-2 trains round 1", lambda s: s.round == 0 and s.phase == "training")
+        sites["site-1"].endpoint.close()  # its process ends: the server forgets its cell
+        died = time.monotonic()
+    finally:
+        sites["site-2"].hold[0].set()
+
+    status = sites["site-2"].wait_status("site-2 gave up", lambda s: bool(s.error))
+    assert time.monotonic() - died < 12
+    assert "aggregation client site-1 of round 1 is gone (unreachable for" in status.error
+    assert "the round cannot be aggregated without it" in status.error
+
+
 CSE_CONFIG = {
     "participants": SWARM,
     "status_interval": 5.0,
