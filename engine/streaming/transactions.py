@@ -3,9 +3,8 @@
 Plain bookkeeping, no sockets: the download service asks it to answer each chunk request, and
 it frees a downloadable when every receiver has finished (or was refused past its share of
 requests), when its transaction times out (a receiver vanished), when its owner drops it, or
-when the job ends. A held transaction (its
-receiver may pull it again later: a server that folded a result into a sum may need it once
-more) does not time out.
+when the job ends. A held transaction (its receiver may pull it again later: a server that
+folded a result into a sum may need it once more) does not time out.
 """
 
 from __future__ import annotations
@@ -20,6 +19,8 @@ from dataclasses import dataclass, field
 from engine.cells.retry import DEFAULT_RETRIES
 from engine.errors import DownloadRefused, StreamingError
 from engine.streaming.downloadable import Downloadable
+
+log = logging.getLogger(__name__)
 
 #: What a wait for a download's receivers to finish lasts at most, by default: a receiver that
 #: keeps asking for something (a chunk now and then, the stream's info) without ever finishing
@@ -42,9 +43,6 @@ def chunk_requests_allowed(chunk_count: int, retries: int) -> int:
     end (the sender's CPU, its link, a quantized chunk encoded again each time) is refused past it.
     """
     return PULLS_PER_RECEIVER * (retries + 1) * chunk_count + SERVED_SLACK
-
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
