@@ -32,6 +32,15 @@ MODEL_NAME_KEY = "model_name"
 LOCAL_MODEL = "local"
 
 
+def rotate(clients: list[str], current_round: int) -> list[str]:
+    """``clients`` starting at the round's turn: aggregation moves from client to client.
+
+    A Swarm round goes to the first of them that takes it (the server side knows whose turn it is).
+    """
+    start = current_round % len(clients)
+    return clients[start:] + clients[:start]
+
+
 @dataclass
 class WorkflowStatus:
     """Where one client is in a client-controlled workflow; sent to the server as a header.

@@ -148,12 +148,6 @@ def _metric_names(result: Shareable) -> list[str]:
     return list(dict.fromkeys([*names, *(in_meta if isinstance(in_meta, dict) else {})]))
 
 
-def rotate(clients: list[str], current_round: int) -> list[str]:
-    """``clients`` starting at the round's turn: aggregation moves from client to client."""
-    start = current_round % len(clients)
-    return clients[start:] + clients[:start]
-
-
 def private_copy(data: Shareable) -> Shareable:
     """``data`` with the tensors of its model copied: a model this client may change while it is served."""
     private = Shareable(data)

@@ -27,12 +27,12 @@ from engine.cells import Message, Reply, Status
 from engine.cells.retry import Absence
 from engine.errors import CellError, CellRemoteError, CellUnreachableError
 from engine.executors.ccwf.client_side import ClientSideController, owner_among, refused
-from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy, rotate
+from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy
 from engine.executors.ccwf.swarm_intake import HELD_KEY, ResultIntake
 from engine.executors.ccwf.swarm_roles import SwarmRoles
 from engine.fobs.quantized import MODES as QUANTIZE_MODES
 from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shown_round
-from engine.model.ccwf import CCWF_CHANNEL
+from engine.model.ccwf import CCWF_CHANNEL, rotate
 from engine.model.payload import limits_after, payload_bytes
 from engine.model.quantize import quantized_copy
 from engine.paths import JobPaths
@@ -415,7 +415,7 @@ class SwarmClientController(ClientSideController):
                 elif self.cell.connected and (away_s := away.unreachable(now)) > away.limit_s:
                     raise RuntimeError(
                         f"aggregation client {aggr} of round {current_round + 1} is gone (unreachable for "
-                        f"{away_s:.0f} s, more than the heartbeat timeout of {away.limit_s:g} s): "
+                        f"{away_s:.1f} s, more than the heartbeat timeout of {away.limit_s:g} s): "
                         "the round cannot be aggregated without it"
                     ) from e
                 if now > deadline:

@@ -18,7 +18,7 @@ from typing import Any
 from engine.controller import Controller, Task, TaskCompletionStatus
 from engine.errors import WorkflowError
 from engine.model import ReturnCode, Shareable, shown_round
-from engine.model.ccwf import CONFIG_KEY, CONFIG_TASK, START_TASK
+from engine.model.ccwf import CONFIG_KEY, CONFIG_TASK, START_TASK, WorkflowStatus
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +86,18 @@ class ServerSideController(Controller):
 
     # ----------------------------------------------------------------- for subclasses
 
+    @property
+    def status_interval_s(self) -> float:
+        """Seconds between two status reports of a client (what the config task tells them)."""
+        return min(5.0, self.max_status_report_interval / 3)
+
     def workflow_config(self, participants: list[str]) -> dict[str, Any]:
         """What the config task tells every client (subclasses add their own keys)."""
         return {
             "num_rounds": self.num_rounds,
             "start_round": self.start_round,
             "participants": participants,
-            "status_interval": min(5.0, self.max_status_report_interval / 3),
+            "status_interval": self.status_interval_s,
         }
 
     def configured(self, replies: dict[str, Shareable]) -> None:  # noqa: B027 - optional hook
@@ -105,6 +110,14 @@ class ServerSideController(Controller):
     def finishers(self, participants: list[str]) -> list[str]:
         """The clients whose reports that a round or the workflow is done are believed (all participants)."""
         return participants
+
+    def loss_ends_workflow(self, site: str, status: WorkflowStatus, participants: list[str]) -> str | None:
+        """Why losing ``site``, whose last report is ``status``, ends the workflow; None: the others go on.
+
+        Asked once the other clients had time to report past it (see `_follow`), and only while
+        ``status.round`` is the latest round and not done. None by default.
+        """
+        return None
 
     def follow_clients(self, participants: list[str]) -> None:
         """After the start: follow the status reports until the workflow is done (see the module)."""
@@ -178,6 +191,10 @@ class ServerSideController(Controller):
         rounds_seen: set[int] = set()
         latest_round = -1
         lost: set[str] = set()
+        unjudged: dict[str, tuple[float, str]] = {}  # lost sites not yet judged -> (when, why)
+        # What a lost site held is judged after two status intervals: a round it finished, or one
+        # that moved on without it, shows in the others' reports by then.
+        judge_after_s = 2 * self.status_interval_s
         untrusted_done: set[str] = set()
         needed = self.min_clients or len(participants)
         while not self.abort_signal.wait(STATUS_CHECK_INTERVAL_S):
@@ -236,8 +253,22 @@ class ServerSideController(Controller):
                 if site in dead or silent_s > self.max_status_report_interval:
                     lost.add(site)
                     why = "stopped answering" if site in dead else f"sent no status for {silent_s:.0f} s"
+                    unjudged[site] = (now, why)
                     self.context.report("workflow_note", message=f"{site} {why}; going on without it")
                     log.warning("client lost site=%s: %s", site, why)
+            for site, (since, why) in list(unjudged.items()):
+                if now - since < judge_after_s:
+                    continue
+                del unjudged[site]
+                entry = reports.get(site)
+                status = entry.status if entry is not None else None
+                if status is None or not isinstance(status.round, int):
+                    continue
+                if status.round < latest_round or status.round in rounds_seen:
+                    continue
+                reason = self.loss_ends_workflow(site, status, participants)
+                if reason:
+                    raise WorkflowError(f"{site} is lost ({why}), and {reason}")
             if len(participants) - len(lost) < needed:
                 raise WorkflowError(
                     f"too few clients left: {', '.join(sorted(lost))} lost (dead, or no status within "

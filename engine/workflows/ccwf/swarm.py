@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import WorkflowError
+from engine.model import shown_round
+from engine.model.ccwf import WorkflowStatus, rotate
 from engine.workflows.ccwf.server_side import ServerSideController, clients_among
 
 #: Task name prefix of Swarm learning; clients route ``swarm_*`` to their `SwarmClientController`.
@@ -79,6 +81,14 @@ class SwarmServerController(ServerSideController):
     def finishers(self, participants: list[str]) -> list[str]:
         """Only an aggregation client finishes a round, and the last round's ends the swarm."""
         return clients_among("aggr_clients", self.aggr_clients, participants)
+
+    def loss_ends_workflow(self, site: str, status: WorkflowStatus, participants: list[str]) -> str | None:
+        """A round's aggregation client holds the round: lost before it is done, the swarm cannot go on."""
+        assert isinstance(status.round, int)
+        aggr_clients = clients_among("aggr_clients", self.aggr_clients, participants)
+        if status.phase == "done" or rotate(aggr_clients, status.round)[0] != site:
+            return None
+        return f"it aggregates round {shown_round(status.round)}, which no other client can finish"
 
     def run(self) -> None:
         self.context.report("workflow_note", message=f"swarm: {self.num_rounds} rounds, the clients aggregate")

@@ -4,6 +4,7 @@ client dying, progress stalling, an evaluator failing one validation)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -134,15 +135,18 @@ def test_the_job_ends_with_the_reason_when_the_aggregation_client_dies(simulate,
         num_rounds=2,
         script_args="--fault kill --fault-site site-2 --fault-round 1",
         swarm_args={"min_clients": 2},
-        controller_args={"request_to_submit_result_max_wait": 4, "request_to_submit_result_interval": 0.5},
+        controller_args={"request_to_submit_result_max_wait": 60, "request_to_submit_result_interval": 0.5},
     )
 
+    started = time.monotonic()
     result, output = simulate(job)
 
     assert result.state is JobState.FINISHED_EXECUTION_EXCEPTION, output
     reason = read_json(tmp_path / "workspace" / "summary.json")["reason"]
-    assert "could not hand the result to aggregation client site-2" in reason, reason
-    assert "request_to_submit_result_max_wait=4 s" in reason
+    # The trainer still handing in its result finds it gone after the heartbeat timeout (3 s
+    # here), long before request_to_submit_result_max_wait, and before the server judges it (10 s).
+    assert "aggregation client site-2 of round 2 is gone (unreachable for" in reason, reason
+    assert time.monotonic() - started < 45
 
 
 @pytest.mark.slow  # end to end and long; CI runs it with -m slow

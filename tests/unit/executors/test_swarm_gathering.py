@@ -8,8 +8,9 @@ import time
 import torch
 
 from engine.aggregators import DXOAggregator
-from engine.executors.ccwf.gathering import RoundGathering, rotate
+from engine.executors.ccwf.gathering import RoundGathering
 from engine.model import DXO, DataKind, ReturnCode, Shareable, make_reply
+from engine.model.ccwf import rotate
 
 
 def result(value: float, steps: int, current_round: int = 0) -> Shareable:

@@ -174,6 +174,41 @@ def test_a_dead_client_is_left_behind_while_min_clients_are_left(start) -> None:
     assert "site-3 stopped answering; going on without it" in notes
 
 
+def test_losing_the_rounds_aggregation_client_ends_the_swarm_once_the_others_had_time_to_report(start) -> None:
+    """site-2, whose turn it is to aggregate round 2, is lost: nobody else can finish that round,
+    and the swarm ends naming it instead of waiting out the progress timeout. site-1, lost after
+    its round 1 had moved on (round 2 was under way), was left behind."""
+    queue, clients, thread = start(
+        SwarmServerController(
+            num_rounds=4, aggr_clients=["site-1", "site-2"], min_clients=1, max_status_report_interval=3
+        )
+    )  # reports every second: a loss is judged 2 s after it
+    configure_and_start(queue)
+
+    def report(round_: int, **phases: str) -> None:
+        for site, phase in phases.items():
+            clients.status(site, round=round_, phase=phase, progress=round_)
+
+    report(0, **{"site-1": "aggregating", "site-2": "training", "site-3": "training"})
+    clients.dead.add("site-1")  # round 1's aggregation client dies as round 2 gets under way
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        report(1, **{"site-2": "aggregating", "site-3": "training"})
+        time.sleep(0.2)
+    assert thread.is_alive()  # site-1 was judged: the round it held was over
+    clients.dead.add("site-2")
+    started = time.monotonic()
+    while thread.is_alive() and time.monotonic() - started < 5:
+        report(1, **{"site-3": "idle"})
+        time.sleep(0.1)
+
+    [error] = finish(thread)
+    assert 1.5 < time.monotonic() - started < 4
+    assert "site-2 is lost (stopped answering), and it aggregates round 2, which no other client can finish" in str(
+        error
+    )
+
+
 def test_a_failed_config_task_ends_the_swarm_naming_the_client(start) -> None:
     queue, clients, thread = start(SwarmServerController(num_rounds=1))
 
