@@ -48,6 +48,7 @@ class WorkflowStatus:
     Attributes:
         workflow: The workflow's task name prefix (``swarm``, ``cse``).
         round: The round the client works on (None before the first).
+        aggr: That round's aggregation client, as the round's model named it ("" before the first).
         phase: What it does now (``configured``, ``training``, ``aggregating``, ``idle`` ...).
         progress: A counter the client raises at every step forward (the server's
             ``progress_timeout`` watches the counters of all clients).
@@ -59,6 +60,7 @@ class WorkflowStatus:
 
     workflow: str
     round: int | None = None
+    aggr: str = ""
     phase: str = "configured"
     progress: int = 0
     error: str | None = None
@@ -71,6 +73,7 @@ class WorkflowStatus:
         return {
             "workflow": self.workflow,
             "round": self.round,
+            "aggr": self.aggr,
             "phase": self.phase,
             "progress": self.progress,
             "error": self.error,
@@ -86,6 +89,7 @@ class WorkflowStatus:
             return cls(
                 workflow=str(header["workflow"]),
                 round=None if header.get("round") is None else int(header["round"]),
+                aggr=str(header.get("aggr") or ""),
                 phase=str(header.get("phase", "")),
                 progress=int(header.get("progress", 0)),
                 error=None if header.get("error") is None else str(header["error"]),

@@ -75,7 +75,8 @@ class SiteDeaths:
         with self._lock:  # nobody waits for a dead site to finish pulling its task's model
             refs = [ref for offers in self._offers_of_task.values() for ref in offers]
             for task_id in [task_id for task_id, (owner, _) in self._task_offers.items() if owner == site]:
-                del self._task_offers[task_id]
+                refs.extend(self._task_offers.pop(task_id)[1])  # its own downloads too (filtered, or again)
+            refs = list(dict.fromkeys(refs))
         repeats = getattr(self, "repeats", None)
         if repeats is not None:
             repeats.forget(site)

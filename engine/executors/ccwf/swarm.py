@@ -332,7 +332,7 @@ class SwarmClientController(ClientSideController):
         current_round, aggr = int(header["round"]), str(header["aggr"])
         trains = self.roles.trains
         self._drop_held_offers(current_round)
-        self.update_status(round=current_round, phase="receiving")
+        self.update_status(round=current_round, aggr=aggr, phase="receiving")
         if isinstance(payload, Shareable):
             data = payload
         else:
@@ -410,9 +410,13 @@ class SwarmClientController(ClientSideController):
                 return
             except CellError as e:
                 now = time.monotonic()
-                if not isinstance(e, CellUnreachableError):
-                    away.heard()  # it is there, only slow
-                elif self.cell.connected and (away_s := away.unreachable(now)) > away.limit_s:
+                if self.roles.last_round > current_round:  # the round closed without it and moved on
+                    log.warning("round %d: result not handed in, the swarm is past it: %s", current_round + 1, e)
+                    self._service.drop(offers)
+                    return
+                if not isinstance(e, CellUnreachableError) or not self.cell.connected:
+                    away.heard()  # it is there, only slow; or this site's own link is down
+                elif (away_s := away.unreachable(now)) > away.limit_s:
                     raise RuntimeError(
                         f"aggregation client {aggr} of round {current_round + 1} is gone (unreachable for "
                         f"{away_s:.1f} s, more than the heartbeat timeout of {away.limit_s:g} s): "
@@ -474,7 +478,7 @@ class SwarmClientController(ClientSideController):
             self._intake.end(entry)
 
     def _finish_round(self, entry: RoundGathering) -> None:
-        self.update_status(round=entry.number, phase="aggregating")
+        self.update_status(round=entry.number, aggr=self.site, phase="aggregating")
         aggregate = self._intake.aggregator_of(entry).aggregate(entry.number)
         self._intake.release_round(entry)  # the trainers may free their results
         base = model_from_shareable(entry.base) if entry.base is not None else FLModel(params={})

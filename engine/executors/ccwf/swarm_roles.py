@@ -90,6 +90,12 @@ class SwarmRoles:
         )
 
     @property
+    def last_round(self) -> int:
+        """The latest round whose model this client took (``start_round - 1`` before the first)."""
+        with self._lock:
+            return self.start_round - 1 if self._last_round is None else self._last_round
+
+    @property
     def trains(self) -> bool:
         """Whether this client trains every round."""
         return self.site in self.train_clients

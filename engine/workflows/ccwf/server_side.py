@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from engine.controller import Controller, Task, TaskCompletionStatus
@@ -111,11 +112,15 @@ class ServerSideController(Controller):
         """The clients whose reports that a round or the workflow is done are believed (all participants)."""
         return participants
 
-    def loss_ends_workflow(self, site: str, status: WorkflowStatus, participants: list[str]) -> str | None:
-        """Why losing ``site``, whose last report is ``status``, ends the workflow; None: the others go on.
+    def loss_ends_workflow(
+        self, site: str, reports: Mapping[str, WorkflowStatus], latest_round: int, rounds_done: set[int]
+    ) -> str | None:
+        """Why losing ``site`` ends the workflow; None (the default): the others go on without it.
 
-        Asked once the other clients had time to report past it (see `_follow`), and only while
-        ``status.round`` is the latest round and not done. None by default.
+        Asked once the other clients had time to report past it (see `_follow`), and only if it
+        has not come back. ``reports``: every participant's latest report (``site``'s too);
+        ``latest_round``: the latest round any of them reported; ``rounds_done``: the rounds an
+        aggregation client reported done.
         """
         return None
 
@@ -261,12 +266,9 @@ class ServerSideController(Controller):
                     continue
                 del unjudged[site]
                 entry = reports.get(site)
-                status = entry.status if entry is not None else None
-                if status is None or not isinstance(status.round, int):
-                    continue
-                if status.round < latest_round or status.round in rounds_seen:
-                    continue
-                reason = self.loss_ends_workflow(site, status, participants)
+                if site not in dead and entry is not None and entry.received > since:
+                    continue  # it is back
+                reason = self.loss_ends_workflow(site, statuses, latest_round, rounds_seen)
                 if reason:
                     raise WorkflowError(f"{site} is lost ({why}), and {reason}")
             if len(participants) - len(lost) < needed:

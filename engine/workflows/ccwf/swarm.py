@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from engine.errors import WorkflowError
 from engine.model import shown_round
-from engine.model.ccwf import WorkflowStatus, rotate
+from engine.model.ccwf import WorkflowStatus
 from engine.workflows.ccwf.server_side import ServerSideController, clients_among
 
 #: Task name prefix of Swarm learning; clients route ``swarm_*`` to their `SwarmClientController`.
@@ -82,13 +83,25 @@ class SwarmServerController(ServerSideController):
         """Only an aggregation client finishes a round, and the last round's ends the swarm."""
         return clients_among("aggr_clients", self.aggr_clients, participants)
 
-    def loss_ends_workflow(self, site: str, status: WorkflowStatus, participants: list[str]) -> str | None:
-        """A round's aggregation client holds the round: lost before it is done, the swarm cannot go on."""
-        assert isinstance(status.round, int)
-        aggr_clients = clients_among("aggr_clients", self.aggr_clients, participants)
-        if status.phase == "done" or rotate(aggr_clients, status.round)[0] != site:
+    def loss_ends_workflow(
+        self, site: str, reports: Mapping[str, WorkflowStatus], latest_round: int, rounds_done: set[int]
+    ) -> str | None:
+        """A round's aggregation client holds the round: lost before it is done, the swarm cannot go on.
+
+        Which client aggregates the round is what the clients' reports of it say (the round's model
+        names it; it is not always the one whose turn it was: one that did not answer is skipped).
+        """
+        if latest_round in rounds_done:
             return None
-        return f"it aggregates round {shown_round(status.round)}, which no other client can finish"
+        named_by = sorted(
+            other for other, status in reports.items() if status.round == latest_round and status.aggr == site
+        )
+        if not named_by:
+            return None
+        return (
+            f"it aggregates round {shown_round(latest_round)} (as {', '.join(named_by)} reported), "
+            "which no other client can finish"
+        )
 
     def run(self) -> None:
         self.context.report("workflow_note", message=f"swarm: {self.num_rounds} rounds, the clients aggregate")

@@ -323,6 +323,25 @@ def test_a_trainer_whose_aggregation_client_is_gone_ends_the_swarm_within_the_he
     assert "the round cannot be aggregated without it" in status.error
 
 
+def test_a_straggler_whose_round_is_past_drops_its_result_when_that_rounds_aggregator_is_gone(
+    network: Network,
+) -> None:
+    """site-2 still hands in round 1's result, but it already took round 2's model (round 1
+    closed without it): round 1's aggregation client being gone does not end the swarm."""
+    sites = start_swarm(network)
+    roles = sites["site-2"].controller.roles
+    assert roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert roles.learn_refusal("site-1", {"round": 1, "aggr": "site-2"}) is None
+    sites["site-1"].endpoint.close()
+    result = DXO(DataKind.WEIGHTS, {"w": INITIAL.clone()}, {"NUM_STEPS_CURRENT_ROUND": 1}).to_shareable()
+    result.set_return_code(ReturnCode.OK)
+    started = time.monotonic()
+
+    sites["site-2"].controller._submit("site-1", 0, result)  # returns: nothing raised
+
+    assert time.monotonic() - started < 1.5  # at the first failed try, not after the heartbeat timeout
+
+
 CSE_CONFIG = {
     "participants": SWARM,
     "status_interval": 5.0,

@@ -174,10 +174,7 @@ def test_a_dead_client_is_left_behind_while_min_clients_are_left(start) -> None:
     assert "site-3 stopped answering; going on without it" in notes
 
 
-def test_losing_the_rounds_aggregation_client_ends_the_swarm_once_the_others_had_time_to_report(start) -> None:
-    """site-2, whose turn it is to aggregate round 2, is lost: nobody else can finish that round,
-    and the swarm ends naming it instead of waiting out the progress timeout. site-1, lost after
-    its round 1 had moved on (round 2 was under way), was left behind."""
+def swarm_to_follow(start):
     queue, clients, thread = start(
         SwarmServerController(
             num_rounds=4, aggr_clients=["site-1", "site-2"], min_clients=1, max_status_report_interval=3
@@ -185,28 +182,54 @@ def test_losing_the_rounds_aggregation_client_ends_the_swarm_once_the_others_had
     )  # reports every second: a loss is judged 2 s after it
     configure_and_start(queue)
 
-    def report(round_: int, **phases: str) -> None:
+    def report(round_: int, aggr: str, **phases: str) -> None:
         for site, phase in phases.items():
-            clients.status(site, round=round_, phase=phase, progress=round_)
+            clients.status(site, round=round_, aggr=aggr, phase=phase, progress=round_)
 
-    report(0, **{"site-1": "aggregating", "site-2": "training", "site-3": "training"})
-    clients.dead.add("site-1")  # round 1's aggregation client dies as round 2 gets under way
-    deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline:
-        report(1, **{"site-2": "aggregating", "site-3": "training"})
-        time.sleep(0.2)
+    def keep_reporting(seconds: float, round_: int, aggr: str, **phases: str) -> None:
+        deadline = time.monotonic() + seconds
+        while thread.is_alive() and time.monotonic() < deadline:
+            report(round_, aggr, **phases)
+            time.sleep(0.1)
+
+    return clients, thread, report, keep_reporting
+
+
+def test_losing_the_rounds_aggregation_client_ends_the_swarm_once_the_others_had_time_to_report(start) -> None:
+    """site-2 aggregates round 2 (the clients' reports say so) and is lost: nobody else can finish
+    that round, and the swarm ends naming it instead of waiting out the progress timeout. site-1,
+    lost as round 2 got under way (its round 1 was over), was left behind."""
+    clients, thread, report, keep_reporting = swarm_to_follow(start)
+    report(0, "site-1", **{"site-1": "aggregating", "site-2": "training", "site-3": "training"})
+    clients.dead.add("site-1")
+    keep_reporting(3.0, 1, "site-2", **{"site-2": "aggregating", "site-3": "training"})
     assert thread.is_alive()  # site-1 was judged: the round it held was over
     clients.dead.add("site-2")
     started = time.monotonic()
-    while thread.is_alive() and time.monotonic() - started < 5:
-        report(1, **{"site-3": "idle"})
-        time.sleep(0.1)
+    keep_reporting(5.0, 1, "site-2", **{"site-3": "idle"})  # site-3 handed its result to site-2
 
     [error] = finish(thread)
     assert 1.5 < time.monotonic() - started < 4
-    assert "site-2 is lost (stopped answering), and it aggregates round 2, which no other client can finish" in str(
-        error
+    assert (
+        "site-2 is lost (stopped answering), and it aggregates round 2 (as site-2, site-3 reported), "
+        "which no other client can finish" in str(error)
     )
+
+
+def test_a_lost_client_whose_turn_was_skipped_or_that_came_back_does_not_end_the_swarm(start) -> None:
+    """Round 2 was site-2's turn, but site-2 did not answer and site-1 took it (the round's model
+    says so): losing site-2 leaves round 2 to site-1. A client lost for a moment and back is not judged."""
+    clients, thread, report, keep_reporting = swarm_to_follow(start)
+    keep_reporting(0.5, 1, "site-1", **{"site-1": "aggregating", "site-2": "training", "site-3": "training"})
+    clients.dead.add("site-2")
+    keep_reporting(3.0, 1, "site-1", **{"site-1": "aggregating", "site-3": "training"})
+    assert thread.is_alive()
+
+    clients.dead.add("site-1")  # gone for a moment, then back and reporting
+    time.sleep(0.3)
+    clients.dead.discard("site-1")
+    keep_reporting(3.0, 1, "site-1", **{"site-1": "aggregating", "site-3": "idle"})
+    assert thread.is_alive()
 
 
 def test_a_failed_config_task_ends_the_swarm_naming_the_client(start) -> None:
