@@ -450,11 +450,16 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
                 with self._lock:  # a client that heard END_RUN leaves; that is not a death
                     gone = self._seen - set(self.liveness.dead()) - self._told_end - connected
                     sent = list(self._sent_bytes.items())
+                    offered = [(task_id, site) for task_id, (site, _) in self._task_offers.items()]
                 for task_id, (site, _) in sent:  # tasks that ended without a result
                     if self.queue.expects_result(site, task_id) is not SubmitOutcome.ACCEPTED:
                         with self._lock:
                             self._sent_bytes.pop(task_id, None)
                         self._downloads.ended(task_id)
+                for task_id, site in offered:  # nobody will submit under it: its entry would stay to the end
+                    if self.queue.expects_result(site, task_id) is not SubmitOutcome.ACCEPTED:
+                        with self._lock:
+                            self._task_offers.pop(task_id, None)
                 for fields in self._downloads.poll(self._bytes_served()):
                     self.report("download_progress", **fields)
                 timeout_s = self.site.cell.heartbeat_timeout_s

@@ -206,19 +206,36 @@ class Forever(Controller):
         task = Task("train", shareable_from_model(FLModel(params={"w": torch.arange(100000.0)})), timeout=120)
         self.broadcast_forever(task)
         self.abort_signal.wait()
+
+
+class ShortTask(Controller):
+    def run(self) -> None:
+        task = Task("train", shareable_from_model(FLModel(params={"w": torch.arange(100000.0)})), timeout=1)
+        self.broadcast_and_wait(task, min_responses=0)
+        self.abort_signal.wait()
 """
+
+
+def with_workflow(tmp_path: Path, code: str, workflow: str) -> Path:
+    """jobs/fedavg with ``workflow`` (a class of ``code``, in custom/forever.py) as its only workflow."""
+    folder = tmp_path / "forever"
+    shutil.copytree(REPO / "jobs" / "fedavg", folder)
+    (folder / "app" / "custom" / "forever.py").write_text(code)
+    server_conf = folder / "app" / "config" / "config_fed_server.conf"
+    text = server_conf.read_text()
+    start, end = text.index("workflows = ["), text.index("components = [")
+    server_conf.write_text(text[:start] + f"workflows = [{{ id = w, path = forever.{workflow} }}]\n\n" + text[end:])
+    return folder
 
 
 @pytest.fixture
 def forever_job(tmp_path: Path) -> Iterator[Job]:
-    folder = tmp_path / "forever"
-    shutil.copytree(REPO / "jobs" / "fedavg", folder)
-    (folder / "app" / "custom" / "forever.py").write_text(FOREVER)
-    server_conf = folder / "app" / "config" / "config_fed_server.conf"
-    text = server_conf.read_text()
-    start, end = text.index("workflows = ["), text.index("components = [")
-    server_conf.write_text(text[:start] + "workflows = [{ id = forever, path = forever.Forever }]\n\n" + text[end:])
-    yield from running(tmp_path, folder)
+    yield from running(tmp_path, with_workflow(tmp_path, FOREVER, "Forever"))
+
+
+@pytest.fixture
+def short_task_job(tmp_path: Path) -> Iterator[Job]:
+    yield from running(tmp_path, with_workflow(tmp_path, FOREVER, "ShortTask"))
 
 
 def test_a_task_broadcast_for_ever_is_pulled_anew_each_time_a_site_takes_it_again(forever_job: Job) -> None:
@@ -242,6 +259,22 @@ def test_a_task_broadcast_for_ever_is_pulled_anew_each_time_a_site_takes_it_agai
             model = sites[0].codec.decode(again.frames, sender="server")
             assert model_from_shareable(model).params["w"][-1].item() == 99999.0
             submit(sites[0], again)
+    finally:
+        for site in sites:
+            site.close()
+
+
+def test_a_task_never_handed_in_leaves_nothing_of_its_data_behind(short_task_job: Job) -> None:
+    """Both sites take a task (1 s timeout) and never answer: what the server kept to wait for
+    their downloads is dropped once the task ends, not at the end of the job."""
+    sites = [short_task_job.site(name) for name in SITES]
+    try:
+        tasks_of(*sites)
+        assert len(short_task_job.server._task_offers) == 2
+        deadline = time.monotonic() + 10
+        while short_task_job.server._task_offers and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert short_task_job.server._task_offers == {}
     finally:
         for site in sites:
             site.close()
