@@ -19,6 +19,9 @@ TOPIC_STATUS = "status"
 #: Task name suffixes (after ``<prefix>_``) the server side sends.
 CONFIG_TASK = "config"
 START_TASK = "start"
+#: Swarm: play the round again with another aggregation client (its data: `REPLAY_ROUND_KEY`, `REPLAY_EXCLUDE_KEY`).
+REPLAY_TASK = "replay"
+REPLAY_ROUND_KEY, REPLAY_EXCLUDE_KEY = "round", "exclude"
 EVAL_TASK = "eval"
 
 #: Keys of the config a server side sends with its ``<prefix>_config`` task.

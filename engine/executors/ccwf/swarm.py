@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,10 @@ from engine.errors import CellError, CellRemoteError, CellUnreachableError
 from engine.executors.ccwf.client_side import ClientSideController, owner_among, refused
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy
 from engine.executors.ccwf.swarm_intake import HELD_KEY, ResultIntake
-from engine.executors.ccwf.swarm_roles import SwarmRoles
+from engine.executors.ccwf.swarm_roles import REPLAY_KEY, SwarmRoles
 from engine.fobs.quantized import MODES as QUANTIZE_MODES
 from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shown_round
-from engine.model.ccwf import CCWF_CHANNEL, rotate
+from engine.model.ccwf import CCWF_CHANNEL, REPLAY_EXCLUDE_KEY, REPLAY_ROUND_KEY, REPLAY_TASK, rotate
 from engine.model.payload import limits_after, payload_bytes
 from engine.model.quantize import quantized_copy
 from engine.paths import JobPaths
@@ -219,6 +220,22 @@ class SwarmClientController(ClientSideController):
         self._start_round(self.roles.start_round, model)
         return None
 
+    def handle_task(self, name: str, shareable: Shareable, abort_signal: threading.Event) -> Shareable:
+        """``replay``: the server lost a round's aggregation client; send the round's model again.
+
+        This client sent the round's model the first time (it aggregated the round before, or
+        started the swarm): its persistor's last saved model is that model. The round goes to
+        the next aggregation client in turn, past the ones the server lost.
+        """
+        if name != REPLAY_TASK:
+            return super().handle_task(name, shareable, abort_signal)
+        current_round, excluded = shareable.get(REPLAY_ROUND_KEY), shareable.get(REPLAY_EXCLUDE_KEY)
+        if type(current_round) is not int or not isinstance(excluded, list):
+            raise ValueError(f"the {name} task names no round and no lost clients: {dict(shareable)!r}")
+        log.warning("round %d played again, without %s", current_round + 1, ", ".join(map(str, excluded)))
+        self._start_round(current_round, self.persistor.load_model(), set(map(str, excluded)))
+        return Shareable()
+
     def finalize(self) -> None:
         self.stopped.set()
         for thread in self._threads:
@@ -230,18 +247,24 @@ class SwarmClientController(ClientSideController):
 
     # ----------------------------------------------------------------- sending a round
 
-    def _start_round(self, current_round: int, model: FLModel) -> None:
-        """Send ``model`` as round ``current_round`` to its aggregation client, then to its trainers."""
+    def _start_round(self, current_round: int, model: FLModel, lost: set[str] | None = None) -> None:
+        """Send ``model`` as round ``current_round`` to its aggregation client, then to its trainers.
+
+        ``lost``: the round is played again (its first aggregation client was lost): these clients
+        get nothing, and the model says it is sent again (`REPLAY_KEY`).
+        """
         data = self.generator.learnable_to_shareable(model)
         del model
         data.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
         data.set_header(ReservedHeaderKey.TOTAL_ROUNDS, self.roles.end_round)
         self._model_bytes = payload_bytes(data)
-        trainers = self.roles.train_clients
+        trainers = [site for site in self.roles.train_clients if site not in (lost or ())]
         unreachable: list[str] = []
-        candidates = rotate(list(self.roles.aggr_clients), current_round)
+        candidates = [site for site in rotate(list(self.roles.aggr_clients), current_round) if site not in (lost or ())]
         for aggr in candidates:
-            header = {"round": current_round, "aggr": aggr}
+            header: dict[str, Any] = {"round": current_round, "aggr": aggr}
+            if lost is not None:
+                header[REPLAY_KEY] = sorted(lost)
             peers = [site for site in dict.fromkeys([aggr, *trainers]) if site != self.site]
             offers: list[str] = []
             frames = self.codec.encode(self._outgoing(data), receivers=peers, offers=offers) if peers else []
@@ -308,7 +331,7 @@ class SwarmClientController(ClientSideController):
         if sender is None:
             self.roles.record_learn(current_round, str(header["aggr"]))
         if header["aggr"] == self.site:
-            self._round(current_round)
+            self._round(current_round, header.get(REPLAY_KEY) or ())
         self._inbox.put((header, payload, served, sender))
 
     def _learn_loop(self) -> None:
@@ -410,18 +433,20 @@ class SwarmClientController(ClientSideController):
                 return
             except CellError as e:
                 now = time.monotonic()
-                if self.roles.last_round > current_round:  # the round closed without it and moved on
-                    log.warning("round %d: result not handed in, the swarm is past it: %s", current_round + 1, e)
-                    self._service.drop(offers)
-                    return
                 if not isinstance(e, CellUnreachableError) or not self.cell.connected:
                     away.heard()  # it is there, only slow; or this site's own link is down
+                    gone = ""
                 elif (away_s := away.unreachable(now)) > away.limit_s:
-                    raise RuntimeError(
-                        f"aggregation client {aggr} of round {current_round + 1} is gone (unreachable for "
-                        f"{away_s:.1f} s, more than the heartbeat timeout of {away.limit_s:g} s): "
-                        "the round cannot be aggregated without it"
-                    ) from e
+                    gone = f"unreachable for {away_s:.1f} s, more than the heartbeat timeout of {away.limit_s:g} s"
+                else:
+                    gone = ""
+                if self.roles.last_round > current_round or gone:
+                    # The swarm left the round, or the server will play it again (or end the job)
+                    # without the aggregation client: the result is not wanted any more.
+                    why = gone and f"aggregation client {aggr} is gone ({gone})"
+                    log.warning("round %d: result not handed in: %s", current_round + 1, why or "the swarm is past it")
+                    self._service.drop(offers)
+                    return
                 if now > deadline:
                     raise RuntimeError(
                         f"could not hand the result to aggregation client {aggr} within "
@@ -433,8 +458,9 @@ class SwarmClientController(ClientSideController):
     def _drop_held_offers(self, current_round: int) -> None:
         """Free results of earlier rounds still held: those rounds are over (their aggregation client
         reported them done, unless it died first)."""
-        ended = [offers for number, offers in self._held_offers if number < current_round]
-        self._held_offers = [(number, offers) for number, offers in self._held_offers if number >= current_round]
+        # A result held for this round was for a round played again: its aggregation client was lost.
+        ended = [offers for number, offers in self._held_offers if number <= current_round]
+        self._held_offers = [(number, offers) for number, offers in self._held_offers if number > current_round]
         for offers in ended:
             self._service.drop(offers)
 
@@ -445,9 +471,14 @@ class SwarmClientController(ClientSideController):
         assert self.intake is not None, "the config task has not run"
         return self.intake
 
-    def _round(self, current_round: int) -> RoundGathering:
-        """The round this client aggregates (made, and its gathering thread started, on first use)."""
-        return self._intake.round(current_round, lambda e: self._spawn(lambda: self._gather(e), f"round-{e.number}"))
+    def _round(self, current_round: int, lost: Sequence[str] = ()) -> RoundGathering:
+        """The round this client aggregates (made, and its gathering thread started, on first use).
+
+        ``lost``: the trainers a round played again goes without (its model's `REPLAY_KEY`).
+        """
+        return self._intake.round(
+            current_round, lambda e: self._spawn(lambda: self._gather(e), f"round-{e.number}"), lost
+        )
 
     def _on_result(self, message: Message) -> Reply:
         """A trainer's result: taken once a round, from a train client, for a round this client aggregates."""

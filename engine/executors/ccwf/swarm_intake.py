@@ -27,7 +27,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -161,17 +161,20 @@ class ResultIntake:
 
     # ----------------------------------------------------------------- the rounds this client aggregates
 
-    def round(self, current_round: int, started: Callable[[RoundGathering], None]) -> RoundGathering:
+    def round(
+        self, current_round: int, started: Callable[[RoundGathering], None], lost: Sequence[str] = ()
+    ) -> RoundGathering:
         """Round ``current_round`` (made on first use, with its own folding sums when the rounds fold).
 
         Args:
             current_round: The round.
             started: Called once with a round just made (to start its gathering thread).
+            lost: Trainers the round is played without (it is played again after a loss).
         """
         with self._rounds_lock:
             entry = self._rounds.get(current_round)
             if entry is None:
-                entry = RoundGathering(current_round, list(self.trainers))
+                entry = RoundGathering(current_round, [site for site in self.trainers if site not in lost])
                 if self._stopping.is_set():  # made after `shutdown` looked at the rounds
                     entry.pulls_stop.set()
                 twin = _twin_of(self.aggregator) if self.folds else None

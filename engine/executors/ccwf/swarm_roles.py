@@ -31,6 +31,11 @@ from engine.model import shown_round
 
 #: Header keys of Swarm's peer messages: the round, and the round's aggregation client.
 ROUND_KEY, AGGR_KEY = "round", "aggr"
+#: Header key of a round's model sent again, to another aggregation client (its first one was
+#: lost): the clients it goes without, a list.
+REPLAY_KEY = "replay"
+#: Times one round may be played again.
+MAX_REPLAYS = 3
 
 
 @dataclasses.dataclass
@@ -67,6 +72,8 @@ class SwarmRoles:
     starting_client: str
     _last_round: int | None = dataclasses.field(default=None, init=False)
     _last_aggr: str = dataclasses.field(default="", init=False)
+    _last_sender: str = dataclasses.field(default="", init=False)  # the site that sent that round's model
+    _replays: int = dataclasses.field(default=0, init=False)  # of that round
     _final_taken: bool = dataclasses.field(default=False, init=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -123,6 +130,12 @@ class SwarmRoles:
         if not self.trains and aggr != self.site:
             return f"{self.site} neither trains nor aggregates round {shown_round(current_round)}"
         with self._lock:
+            if isinstance(header.get(REPLAY_KEY), list) and current_round == self._last_round:
+                why = self._replay_refusal(sender, current_round, aggr)
+                if why is None:
+                    self._replays += 1
+                    self._last_aggr = aggr
+                return why
             if self._last_round is not None and current_round <= self._last_round:
                 return (
                     f"round {shown_round(current_round)} is past: "
@@ -138,14 +151,35 @@ class SwarmRoles:
             why = self._sender_refusal(sender, current_round)
             if why:
                 return why
-            self._last_round, self._last_aggr = current_round, aggr
+            self._took(current_round, aggr, owner_among(sender, [*self.aggr_clients, self.starting_client]) or sender)
         return None
 
     def record_learn(self, current_round: int, aggr: str) -> None:
-        """Note a round's model this client gave itself (it started the round)."""
+        """Note a round's model this client gave itself (it started the round, or sent it again)."""
         with self._lock:
             if self._last_round is None or current_round > self._last_round:
-                self._last_round, self._last_aggr = current_round, aggr
+                self._took(current_round, aggr, self.site)
+            elif current_round == self._last_round:  # played again: its new aggregation client
+                self._last_aggr = aggr
+
+    def _took(self, current_round: int, aggr: str, sender: str) -> None:
+        """Record a round's model taken (called with the lock held)."""
+        self._last_round, self._last_aggr, self._last_sender, self._replays = current_round, aggr, sender, 0
+
+    def _replay_refusal(self, sender: str, current_round: int, aggr: str) -> str | None:
+        """Why round ``current_round``'s model sent again is refused (called with the lock held).
+
+        Only the site that sent it the first time may, naming another aggregation client, and
+        at most `MAX_REPLAYS` times.
+        """
+        shown = shown_round(current_round)
+        if owner_among(sender, [self._last_sender]) is None:
+            return f"{sender} may not send round {shown}'s model again: {self._last_sender} sent it"
+        if aggr == self._last_aggr:
+            return f"round {shown}'s model sent again names its aggregation client {aggr} again"
+        if self._replays >= MAX_REPLAYS:
+            return f"round {shown} was played again {self._replays} times already"
+        return None
 
     def result_refusal(self, sender: str, header: Mapping[str, Any]) -> str | None:
         """Why a trainer's result from ``sender`` is refused at once; None: see the round's own checks."""

@@ -84,6 +84,8 @@ class ServerSideController(Controller):
         self.max_status_report_interval = max_status_report_interval
         self.progress_timeout = progress_timeout
         self.min_clients = min_clients
+        #: The client the start task went to (set by `run`).
+        self.starter = ""
 
     # ----------------------------------------------------------------- for subclasses
 
@@ -124,6 +126,19 @@ class ServerSideController(Controller):
         """
         return None
 
+    def recover_from_loss(
+        self, site: str, reports: Mapping[str, WorkflowStatus], latest_round: int, lost: set[str]
+    ) -> str:
+        """Make the workflow go on without ``site``, whose loss `loss_ends_workflow` judged fatal.
+
+        Returns:
+            What was done, for the workflow's note.
+
+        Raises:
+            WorkflowError: Nothing could be done (the default): why; the workflow ends with it.
+        """
+        raise WorkflowError(f"{type(self).__name__} cannot go on without it")
+
     def follow_clients(self, participants: list[str]) -> None:
         """After the start: follow the status reports until the workflow is done (see the module)."""
         self._follow(participants)
@@ -135,6 +150,7 @@ class ServerSideController(Controller):
         starter = ""
         if self.starts():
             starter = self.starting_client or participants[0]
+            self.starter = starter
             if starter not in participants:
                 raise WorkflowError(f"starting_client {starter!r} is not a participating client ({participants})")
         config = self.workflow_config(participants)
@@ -269,8 +285,14 @@ class ServerSideController(Controller):
                 if site not in dead and entry is not None and entry.received > since:
                     continue  # it is back
                 reason = self.loss_ends_workflow(site, statuses, latest_round, rounds_seen)
-                if reason:
-                    raise WorkflowError(f"{site} is lost ({why}), and {reason}")
+                if not reason:
+                    continue
+                try:
+                    done = self.recover_from_loss(site, statuses, latest_round, lost)
+                except WorkflowError as e:
+                    raise WorkflowError(f"{site} is lost ({why}), and {reason}; {e}") from e
+                self.context.report("workflow_note", message=f"{site} {why} and {reason}: {done}")
+                log.warning("workflow recovered from a loss site=%s: %s", site, done)
             if len(participants) - len(lost) < needed:
                 raise WorkflowError(
                     f"too few clients left: {', '.join(sorted(lost))} lost (dead, or no status within "

@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from engine.controller import Task
 from engine.errors import WorkflowError
-from engine.model import shown_round
-from engine.model.ccwf import WorkflowStatus
-from engine.workflows.ccwf.server_side import ServerSideController, clients_among
+from engine.model import Shareable, shown_round
+from engine.model.ccwf import REPLAY_EXCLUDE_KEY, REPLAY_ROUND_KEY, REPLAY_TASK, WorkflowStatus
+from engine.workflows.ccwf.server_side import ServerSideController, clients_among, failed_clients
 
 #: Task name prefix of Swarm learning; clients route ``swarm_*`` to their `SwarmClientController`.
 SWARM_PREFIX = "swarm"
+#: Rounds a swarm may play again in all (each after losing a round's aggregation client).
+MAX_ROUND_REPLAYS = 3
 
 
 class SwarmServerController(ServerSideController):
@@ -64,6 +67,7 @@ class SwarmServerController(ServerSideController):
             progress_timeout=progress_timeout,
             min_clients=min_clients,
         )
+        self._replays = 0
         self.result_clients = list(result_clients) if result_clients is not None else None
         self.aggr_clients = list(aggr_clients) if aggr_clients else None
         self.train_clients = list(train_clients) if train_clients else None
@@ -103,6 +107,43 @@ class SwarmServerController(ServerSideController):
             "which no other client can finish"
         )
 
+    def recover_from_loss(
+        self, site: str, reports: Mapping[str, WorkflowStatus], latest_round: int, lost: set[str]
+    ) -> str:
+        """Play the round again: the client that sent its model sends it to another aggregation client.
+
+        That client is the one that aggregated the round before (its last saved model is the
+        round's model) or, for the first round, the starting client.
+
+        Raises:
+            WorkflowError: `MAX_ROUND_REPLAYS` rounds were played again already, that client is
+                lost too, or it could not (its task failed): why.
+        """
+        if self._replays >= MAX_ROUND_REPLAYS:
+            raise WorkflowError(f"{self._replays} rounds were played again already (at most {MAX_ROUND_REPLAYS})")
+        trusted = self.aggr_clients if self.aggr_clients is not None else list(reports)
+        sender = (
+            self.starter if latest_round == self.start_round else _aggregator_of(reports, latest_round - 1, trusted)
+        )
+        if not sender or sender in lost:
+            raise WorkflowError(f"no client left holds round {shown_round(latest_round)}'s model to play it again")
+        data = Shareable({REPLAY_ROUND_KEY: latest_round, REPLAY_EXCLUDE_KEY: sorted(lost)})
+        task = Task(self.task_name(REPLAY_TASK), data, timeout=self.start_task_timeout)
+        self.send_and_wait(task, [sender], abort_signal=self.abort_signal)
+        failures = failed_clients(task, [sender])
+        if failures:
+            raise WorkflowError(f"{sender} could not play round {shown_round(latest_round)} again: {failures[sender]}")
+        self._replays += 1
+        return f"{sender} sent round {shown_round(latest_round)}'s model again, to another aggregation client"
+
     def run(self) -> None:
         self.context.report("workflow_note", message=f"swarm: {self.num_rounds} rounds, the clients aggregate")
         super().run()
+
+
+def _aggregator_of(reports: Mapping[str, WorkflowStatus], number: int, trusted: list[str]) -> str:
+    """The aggregation client (of ``trusted``) that reported round ``number`` done ("" when none did)."""
+    for site, status in reports.items():
+        if site in trusted and any(done.get("round") == number for done in status.rounds_done):
+            return site
+    return ""

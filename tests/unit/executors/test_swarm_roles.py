@@ -7,7 +7,7 @@ import pytest
 
 from engine.executors.ccwf.client_side import owner_among
 from engine.executors.ccwf.gathering import RoundGathering
-from engine.executors.ccwf.swarm_roles import SwarmRoles
+from engine.executors.ccwf.swarm_roles import MAX_REPLAYS, REPLAY_KEY, SwarmRoles
 
 SWARM = ["site-1", "site-2"]
 
@@ -74,6 +74,27 @@ def test_later_rounds_come_in_order_from_the_previous_rounds_aggregation_client(
     assert site_2.learn_refusal("site-1", {"round": 1, "aggr": "site-2"}) is None
     site_2.record_learn(2, "site-2")  # it started round 2 itself
     assert "round 3 is past" in site_2.learn_refusal("site-1", {"round": 2, "aggr": "site-1"})
+
+
+def test_a_round_played_again_comes_only_from_its_first_sender_naming_another_aggregation_client() -> None:
+    client = roles("site-3", train_clients=["site-1", "site-2", "site-3"], aggr_clients=["site-1", "site-2", "site-3"])
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert client.learn_refusal("site-1", {"round": 1, "aggr": "site-2"}) is None  # site-2 is then lost
+    again = {"round": 1, "aggr": "site-3", REPLAY_KEY: ["site-2"]}
+
+    assert "site-2 may not send round 2's model again: site-1 sent it" in client.learn_refusal("site-2", again)
+    assert "names its aggregation client site-2 again" in client.learn_refusal("site-1", {**again, "aggr": "site-2"})
+    assert "round 2 is past" in client.learn_refusal("site-1", {"round": 1, "aggr": "site-3"})  # not marked
+    assert client.learn_refusal("site-1", again) is None
+    assert client.last_round == 1
+    assert client.learn_refusal("site-1", {**again, "aggr": "site-1"}) is None  # lost again: a third pick
+    assert client.learn_refusal("site-1", {**again, "aggr": "site-3"}) is None
+    assert f"played again {MAX_REPLAYS} times already" in client.learn_refusal("site-1", {**again, "aggr": "site-1"})
+    # The next round comes from the aggregation client the round was played again with.
+    assert "it is not round 2's aggregation client (site-3)" in client.learn_refusal(
+        "site-1", {"round": 2, "aggr": "site-1"}
+    )
+    assert client.learn_refusal("site-3", {"round": 2, "aggr": "site-1"}) is None
 
 
 def test_a_client_that_only_aggregates_takes_only_its_own_rounds_from_an_aggregation_client() -> None:

@@ -49,6 +49,7 @@ def start(tmp_path: Path):
     def run(workflow) -> tuple[TaskQueue, Clients, threading.Thread]:
         queue = TaskQueue(CLIENTS)
         clients = Clients()
+        clients.queue = queue  # type: ignore[attr-defined]
         workflow.bind(queue, context=clients.context(tmp_path))
         errors: list[BaseException] = []
 
@@ -212,8 +213,34 @@ def test_losing_the_rounds_aggregation_client_ends_the_swarm_once_the_others_had
     assert 1.5 < time.monotonic() - started < 4
     assert (
         "site-2 is lost (stopped answering), and it aggregates round 2 (as site-2, site-3 reported), "
-        "which no other client can finish" in str(error)
+        "which no other client can finish; no client left holds round 2's model to play it again" in str(error)
     )
+
+
+def test_a_lost_rounds_aggregation_client_has_the_round_played_again_by_the_previous_one(start) -> None:
+    """site-2 aggregates round 2 and is lost; site-1 reported round 1 done: it is told to send round
+    2's model again, without site-2, and the swarm goes on to its end."""
+    clients, thread, report, keep_reporting = swarm_to_follow(start)
+    queue = clients.queue
+    round_1 = [{"round": 0, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-1"}]
+    clients.status("site-1", round=1, aggr="site-2", phase="training", progress=5, rounds_done=round_1)
+    report(1, "site-2", **{"site-2": "aggregating", "site-3": "training"})
+    clients.dead.add("site-2")
+    deadline = time.monotonic() + 6
+    replay = None
+    while replay is None and time.monotonic() < deadline:
+        clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=6, rounds_done=round_1)
+        report(1, "site-2", **{"site-3": "idle"})
+        replay = queue.next_task("site-1")
+        time.sleep(0.1)
+
+    assert replay is not None and replay.task_name == "swarm_replay"
+    assert (replay.data["round"], replay.data["exclude"]) == (1, ["site-2"])
+    queue.submit("site-1", replay.task_id, make_reply(ReturnCode.OK))
+    clients.status("site-1", round=1, aggr="site-1", phase="done", progress=9, all_done=True)
+    assert finish(thread) == []
+    notes = [fields["message"] for event, fields in clients.events if event == "workflow_note"]
+    assert any("site-1 sent round 2's model again, to another aggregation client" in note for note in notes), notes
 
 
 def test_a_lost_client_whose_turn_was_skipped_or_that_came_back_does_not_end_the_swarm(start) -> None:
