@@ -84,6 +84,14 @@ class ModelPersistor(ABC):
         ``model.meta[MetaKey.METRICS_FROM_ONE_SITE]`` lists: one site alone decided its value.
         """
 
+    def load_saved_model(self) -> FLModel:
+        """The last global model `save_model` wrote in this run, read back (a Swarm round played again sends it).
+
+        Raises:
+            LookupError: This persistor cannot give it back (the default), or it saved none yet.
+        """
+        raise LookupError(f"{type(self).__name__} cannot give back the last model it saved")
+
     def drop_initial_model(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """This side will not start from the initial model (another site loads it): free it.
 

@@ -178,6 +178,19 @@ class PTFileModelPersistor(ModelPersistor):
             return FLModel(params=params, params_type=ParamsType.FULL)
         return self._load_file(self._source, "source_ckpt_file_full_name")
 
+    def load_saved_model(self) -> FLModel:
+        """The last global model saved in this run, read back from its file (FULL params).
+
+        Raises:
+            LookupError: No global model was saved yet in this run.
+            OSError: The last save failed (see `flush`).
+        """
+        self.flush()
+        saved = self._models_dir / self._global_name if self._models_dir is not None else None
+        if not self._saved or saved is None or not saved.is_file():
+            raise LookupError("no global model was saved yet in this run")
+        return self._load_file(saved, "global model")
+
     def global_params_for_reading(self) -> Mapping[str, Any]:
         """The last saved global model as references into its file (read a block at a time).
 

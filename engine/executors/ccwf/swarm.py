@@ -223,17 +223,29 @@ class SwarmClientController(ClientSideController):
     def handle_task(self, name: str, shareable: Shareable, abort_signal: threading.Event) -> Shareable:
         """``replay``: the server lost a round's aggregation client; send the round's model again.
 
-        This client sent the round's model the first time (it aggregated the round before, or
-        started the swarm): its persistor's last saved model is that model. The round goes to
-        the next aggregation client in turn, past the ones the server lost.
+        This client sent the round's model the first time: it aggregated the round before, and
+        its persistor's last saved model is that model (`ModelPersistor.load_saved_model`; the
+        starting client saved none, so the first round is not played again). The model is read
+        now (the task fails if it cannot be), and goes to the next aggregation client in turn,
+        past the ones the server lost, in the background (each peer may take its time to answer).
         """
         if name != REPLAY_TASK:
             return super().handle_task(name, shareable, abort_signal)
         current_round, excluded = shareable.get(REPLAY_ROUND_KEY), shareable.get(REPLAY_EXCLUDE_KEY)
         if type(current_round) is not int or not isinstance(excluded, list):
-            raise ValueError(f"the {name} task names no round and no lost clients: {dict(shareable)!r}")
-        log.warning("round %d played again, without %s", current_round + 1, ", ".join(map(str, excluded)))
-        self._start_round(current_round, self.persistor.load_model(), set(map(str, excluded)))
+            raise ValueError(f"the {name} task names no round and no lost clients")
+        model = self.persistor.load_saved_model()
+        lost = {str(site) for site in excluded}
+        log.warning("round %d played again, without %s", current_round + 1, ", ".join(sorted(lost)))
+
+        def replay() -> None:
+            try:
+                self._start_round(current_round, model, lost)
+            except Exception as e:
+                log.exception("round %d could not be played again", current_round + 1)
+                self.update_status(error=f"round {current_round + 1} played again by {self.site}: {e}")
+
+        self._spawn(replay, f"replay-{current_round}")
         return Shareable()
 
     def finalize(self) -> None:
@@ -420,6 +432,10 @@ class SwarmClientController(ClientSideController):
         deadline = time.monotonic() + self.submit_max_wait
         away = Absence(self.cell.settings.heartbeat_timeout_s)
         while not self.stopped.is_set():
+            if self.roles.aggr_of(current_round) not in (aggr, None):  # the round was played again
+                log.warning("round %d: result for %s not handed in: the round went to another", current_round + 1, aggr)
+                self._service.drop(offers)
+                return
             try:
                 reply = self.cell.request(
                     aggr, CCWF_CHANNEL, self._topic(RESULT), header, frames, self.submit_msg_timeout

@@ -102,6 +102,11 @@ class SwarmRoles:
         with self._lock:
             return self.start_round - 1 if self._last_round is None else self._last_round
 
+    def aggr_of(self, current_round: int) -> str | None:
+        """Round ``current_round``'s aggregation client as this client last heard (None: not its latest round)."""
+        with self._lock:
+            return self._last_aggr if self._last_round == current_round else None
+
     @property
     def trains(self) -> bool:
         """Whether this client trains every round."""
@@ -117,6 +122,10 @@ class SwarmRoles:
         current_round, why = _round_of(header)
         if why:
             return why
+        lost = header.get(REPLAY_KEY, [])
+        known = {*self.train_clients, *self.aggr_clients, *self.result_clients}
+        if not isinstance(lost, list) or not all(isinstance(site, str) and site in known for site in lost):
+            return f"round {shown_round(current_round)}'s model names lost clients that are not in the swarm: {lost!r}"
         aggr = header.get(AGGR_KEY)
         if not isinstance(aggr, str) or aggr not in self.aggr_clients:
             aggrs = ", ".join(self.aggr_clients)

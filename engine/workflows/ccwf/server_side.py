@@ -115,14 +115,20 @@ class ServerSideController(Controller):
         return participants
 
     def loss_ends_workflow(
-        self, site: str, reports: Mapping[str, WorkflowStatus], latest_round: int, rounds_done: set[int]
+        self,
+        site: str,
+        reports: Mapping[str, WorkflowStatus],
+        latest_round: int,
+        rounds_done: set[int],
+        participants: list[str],
     ) -> str | None:
-        """Why losing ``site`` ends the workflow; None (the default): the others go on without it.
+        """Why losing ``site`` ends the workflow unless `recover_from_loss` can; None (the default): it goes on.
 
         Asked once the other clients had time to report past it (see `_follow`), and only if it
         has not come back. ``reports``: every participant's latest report (``site``'s too);
         ``latest_round``: the latest round any of them reported; ``rounds_done``: the rounds an
-        aggregation client reported done.
+        aggregation client reported done. A site the workflow recovered from is ignored from
+        then on, should it come back.
         """
         return None
 
@@ -212,6 +218,7 @@ class ServerSideController(Controller):
         rounds_seen: set[int] = set()
         latest_round = -1
         lost: set[str] = set()
+        fenced: set[str] = set()  # lost sites the workflow went on without: what they report is ignored
         unjudged: dict[str, tuple[float, str]] = {}  # lost sites not yet judged -> (when, why)
         # What a lost site held is judged after two status intervals: a round it finished, or one
         # that moved on without it, shows in the others' reports by then.
@@ -221,6 +228,7 @@ class ServerSideController(Controller):
         while not self.abort_signal.wait(STATUS_CHECK_INTERVAL_S):
             now = time.monotonic()
             reports = self.context.client_status(self.task_name_prefix)
+            reports = {site: entry for site, entry in reports.items() if site not in fenced}
             statuses = {site: reports[site].status for site in participants if site in reports}
             for site, status in statuses.items():
                 if status.error:
@@ -283,14 +291,16 @@ class ServerSideController(Controller):
                 del unjudged[site]
                 entry = reports.get(site)
                 if site not in dead and entry is not None and entry.received > since:
-                    continue  # it is back
-                reason = self.loss_ends_workflow(site, statuses, latest_round, rounds_seen)
+                    lost.discard(site)  # it is back
+                    continue
+                reason = self.loss_ends_workflow(site, statuses, latest_round, rounds_seen, participants)
                 if not reason:
                     continue
                 try:
                     done = self.recover_from_loss(site, statuses, latest_round, lost)
                 except WorkflowError as e:
                     raise WorkflowError(f"{site} is lost ({why}), and {reason}; {e}") from e
+                fenced.add(site)  # should it come back, the workflow went on without it
                 self.context.report("workflow_note", message=f"{site} {why} and {reason}: {done}")
                 log.warning("workflow recovered from a loss site=%s: %s", site, done)
             if len(participants) - len(lost) < needed:

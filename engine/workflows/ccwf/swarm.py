@@ -88,19 +88,26 @@ class SwarmServerController(ServerSideController):
         return clients_among("aggr_clients", self.aggr_clients, participants)
 
     def loss_ends_workflow(
-        self, site: str, reports: Mapping[str, WorkflowStatus], latest_round: int, rounds_done: set[int]
+        self,
+        site: str,
+        reports: Mapping[str, WorkflowStatus],
+        latest_round: int,
+        rounds_done: set[int],
+        participants: list[str],
     ) -> str | None:
         """A round's aggregation client holds the round: lost before it is done, the swarm cannot go on.
 
-        Which client aggregates the round is what the clients' reports of it say (the round's model
-        names it; it is not always the one whose turn it was: one that did not answer is skipped).
+        Which client aggregates the round is what the other clients' reports of it say (the
+        round's model names it; it is not always the one whose turn it was: one that did not
+        answer is skipped), all of them that report the round, and it must be an aggregation client.
         """
-        if latest_round in rounds_done:
+        if latest_round in rounds_done or site not in clients_among("aggr_clients", self.aggr_clients, participants):
             return None
-        named_by = sorted(
-            other for other, status in reports.items() if status.round == latest_round and status.aggr == site
-        )
-        if not named_by:
+        named = {
+            other: status.aggr for other, status in reports.items() if other != site and status.round == latest_round
+        }
+        named_by = sorted(other for other, aggr in named.items() if aggr == site)
+        if not named_by or len(named_by) != len(named):  # none, or they do not agree
             return None
         return (
             f"it aggregates round {shown_round(latest_round)} (as {', '.join(named_by)} reported), "

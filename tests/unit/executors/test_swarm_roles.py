@@ -90,6 +90,10 @@ def test_a_round_played_again_comes_only_from_its_first_sender_naming_another_ag
     assert client.learn_refusal("site-1", {**again, "aggr": "site-1"}) is None  # lost again: a third pick
     assert client.learn_refusal("site-1", {**again, "aggr": "site-3"}) is None
     assert f"played again {MAX_REPLAYS} times already" in client.learn_refusal("site-1", {**again, "aggr": "site-1"})
+    for lost in ("site-2", [7], ["site-9"]):  # the lost clients: a list of the swarm's names
+        assert "names lost clients that are not in the swarm" in client.learn_refusal(
+            "site-1", {**again, REPLAY_KEY: lost}
+        )
     # The next round comes from the aggregation client the round was played again with.
     assert "it is not round 2's aggregation client (site-3)" in client.learn_refusal(
         "site-1", {"round": 2, "aggr": "site-1"}

@@ -62,6 +62,24 @@ def test_save_writes_safetensors_that_load_bitwise_equal(persistor: PTFileModelP
     assert_bitwise_equal(safetensors.torch.load_file(path), saved)
 
 
+def test_the_last_saved_model_is_given_back_and_none_before_a_save(persistor: PTFileModelPersistor) -> None:
+    """What a Swarm round played again sends: the model saved last in this run, never the starting one."""
+    with pytest.raises(LookupError, match="no global model was saved yet in this run"):
+        persistor.load_saved_model()
+    initial = persistor.load_model()  # the starting weights, handed over
+    first = {name: value + 1 for name, value in initial.params.items()}
+    second = {name: value + 2 for name, value in initial.params.items()}
+
+    persistor.save_model(FLModel(params=first))
+    persistor.save_model(FLModel(params=second))
+    back = persistor.load_saved_model()
+
+    assert back.params_type is ParamsType.FULL
+    assert_bitwise_equal(back.params, second)
+    with pytest.raises(LookupError, match="cannot give back the last model it saved"):
+        ModelPersistor.load_saved_model(persistor)  # the base class promises nothing
+
+
 def test_saved_file_is_safetensors_not_pickle(persistor: PTFileModelPersistor) -> None:
     path = persistor.save_model(FLModel(params=params()))
     persistor.flush()

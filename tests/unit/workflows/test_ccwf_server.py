@@ -212,7 +212,7 @@ def test_losing_the_rounds_aggregation_client_ends_the_swarm_once_the_others_had
     [error] = finish(thread)
     assert 1.5 < time.monotonic() - started < 4
     assert (
-        "site-2 is lost (stopped answering), and it aggregates round 2 (as site-2, site-3 reported), "
+        "site-2 is lost (stopped answering), and it aggregates round 2 (as site-3 reported), "
         "which no other client can finish; no client left holds round 2's model to play it again" in str(error)
     )
 
@@ -237,6 +237,11 @@ def test_a_lost_rounds_aggregation_client_has_the_round_played_again_by_the_prev
     assert replay is not None and replay.task_name == "swarm_replay"
     assert (replay.data["round"], replay.data["exclude"]) == (1, ["site-2"])
     queue.submit("site-1", replay.task_id, make_reply(ReturnCode.OK))
+    clients.dead.discard("site-2")  # it comes back, and says it finished the swarm on its own
+    keep_reporting(1.5, 1, "site-2", **{"site-2": "done"})
+    clients.status("site-2", round=3, aggr="site-2", phase="done", progress=99, all_done=True)
+    keep_reporting(1.5, 1, "site-1", **{"site-1": "aggregating", "site-3": "training"})
+    assert thread.is_alive()  # the swarm went on without it: what it says is not heard
     clients.status("site-1", round=1, aggr="site-1", phase="done", progress=9, all_done=True)
     assert finish(thread) == []
     notes = [fields["message"] for event, fields in clients.events if event == "workflow_note"]
@@ -257,6 +262,13 @@ def test_a_lost_client_whose_turn_was_skipped_or_that_came_back_does_not_end_the
     clients.dead.discard("site-1")
     keep_reporting(3.0, 1, "site-1", **{"site-1": "aggregating", "site-3": "idle"})
     assert thread.is_alive()
+
+    clients.dead.add("site-1")  # lost for good this time: judged, though lost once before
+    started = time.monotonic()
+    keep_reporting(6.0, 1, "site-1", **{"site-3": "idle"})
+    [error] = finish(thread)
+    assert time.monotonic() - started < 4
+    assert "site-1 is lost (stopped answering), and it aggregates round 2 (as site-2, site-3 reported)" in str(error)
 
 
 def test_a_failed_config_task_ends_the_swarm_naming_the_client(start) -> None:
