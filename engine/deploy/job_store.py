@@ -347,8 +347,13 @@ class JobStore:
                 raise ValueError("BROKEN is not a status a job can be given")
             updated = dataclasses.replace(record, **changes)
             if updated.status != record.status and "states" not in changes:
+                # The status's time is the one the change gives (an end, a first start), so that
+                # a duration from the states equals the one from started_at and finished_at.
                 final = StoreStatus(updated.status).is_final and "finished_at" in changes
-                entry = {"state": updated.status, "time": changes["finished_at"] if final else utc_now()}
+                first_start = updated.status == StoreStatus.RUNNING and not record.started_at
+                running = first_start and changes.get("started_at")
+                time = changes["finished_at"] if final else running or utc_now()
+                entry = {"state": updated.status, "time": time}
                 updated = dataclasses.replace(updated, states=[*record.states, entry])
             _write_meta(folder / META_FILE, updated)
         return updated

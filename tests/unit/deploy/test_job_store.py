@@ -289,6 +289,9 @@ def test_each_status_is_kept_with_its_time_and_an_end_not_known_has_none(store: 
     assert [entry["state"] for entry in states] == ["SUBMITTED", "RUNNING", "FINISHED_ABORTED"]
     assert states[0]["time"] == record.submitted_at
     assert states[0]["time"] < states[1]["time"] and states[2]["time"] is None
+    # The start's time is the record's own: a duration from the states is the record's (a
+    # summary's seconds once differed in the second decimal, read from two clocks).
+    assert states[1]["time"] == store.get(record.job_id).started_at
 
 
 def test_the_exits_of_several_processes_reported_at_once_are_all_kept(store: JobStore, fedavg_zip: Path) -> None:
