@@ -31,7 +31,7 @@ from engine.cells.message import Message
 from engine.cells.outbox import Outbox
 from engine.cells.pending import PendingRequests, ReplyFuture
 from engine.cells.pool import HandlerPool
-from engine.cells.protocol import HANDLER_GRACE_MAX_S, SETTLE_GRACE_S, Kind, Status
+from engine.cells.protocol import HANDLER_GRACE_MAX_S, SETTLE_GRACE_S, STOP_POLL_S, Kind, Status
 from engine.cells.security import Allowlist, CellSecurity, name_owned_by
 from engine.cells.server_core import ServerCore
 from engine.cells.settings import CellSettings
@@ -40,8 +40,6 @@ from engine.errors import CellClosedError, CellError
 logger = logging.getLogger(__name__)
 
 _NEW, _RUNNING, _STOPPED = "new", "running", "stopped"
-#: Seconds between two looks at a request's ``stop`` event while it waits for the reply.
-STOP_POLL_S = 0.1
 
 
 class Cell:

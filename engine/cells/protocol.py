@@ -42,6 +42,8 @@ CLOSE_LINGER_MAX_S = 1.0
 """Cap, in seconds, on how long closing a socket may wait to flush queued messages."""
 
 SETTLE_GRACE_S = 1.0
+#: Seconds between two looks at a ``stop`` event while a wait (a reply, a reconnection, a pull) goes on.
+STOP_POLL_S = 0.1
 """How long a request that timed out waits for a reply another thread took from the table just
 before (and is setting on its future) instead of failing it: a moment, in practice."""
 

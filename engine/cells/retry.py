@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.cells.message import Message
-from engine.cells.protocol import Status
+from engine.cells.protocol import STOP_POLL_S, Status
 from engine.errors import CellTimeoutError, CellUnreachableError
 
 if TYPE_CHECKING:
@@ -39,8 +39,6 @@ DEFAULT_RETRIES = 5
 DEFAULT_RETRY_BACKOFF_S = 1.0
 #: The longest wait between two attempts, in seconds, however many retries came before.
 MAX_RETRY_WAIT_S = 30.0
-#: Seconds between two looks at ``stop`` while a client cell waits to be connected again.
-STOP_POLL_S = 0.1
 #: The reply statuses worth asking again for: nobody refused, the answer just did not come.
 RETRYABLE = frozenset({Status.TIMEOUT, Status.UNREACHABLE})
 

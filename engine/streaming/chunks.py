@@ -19,6 +19,7 @@ import threading
 import time
 
 from engine.cells import Cell, Message
+from engine.cells.protocol import STOP_POLL_S
 from engine.cells.retry import NO_RETRY, RETRYABLE, Absence, RetryPolicy, give_up_reason
 from engine.errors import StreamingError
 from engine.streaming.consumers import ChunkConsumer
@@ -28,8 +29,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds beyond a request's own timeout that the puller waits for the cell to resolve it.
 RESOLVE_MARGIN_S = 5.0
-#: Seconds between two looks at the puller's ``stop`` event.
-STOP_POLL_S = 0.1
 
 
 class ChunkPuller:

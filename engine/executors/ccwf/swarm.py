@@ -449,13 +449,11 @@ class SwarmClientController(ClientSideController):
                 return
             except CellError as e:
                 now = time.monotonic()
+                gone = ""
                 if not isinstance(e, CellUnreachableError) or not self.cell.connected:
                     away.heard()  # it is there, only slow; or this site's own link is down
-                    gone = ""
                 elif (away_s := away.unreachable(now)) > away.limit_s:
                     gone = f"unreachable for {away_s:.1f} s, more than the heartbeat timeout of {away.limit_s:g} s"
-                else:
-                    gone = ""
                 if self.roles.last_round > current_round or gone:
                     # The swarm left the round, or the server will play it again (or end the job)
                     # without the aggregation client: the result is not wanted any more.
