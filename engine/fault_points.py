@@ -9,7 +9,8 @@ mid-aggregation, mid-download. Unset, as always outside tests, a point costs one
 Points: ``workflow_started`` (the server job process recorded that a workflow runs),
 ``checkpoint_write`` (a workflow's checkpoint: the model linked, the record not yet renamed),
 ``result_aggregated`` (a result just went into the round's sum), ``chunk_served`` (a chunk of a
-download was just sent).
+download was just sent), ``swarm_round_sending`` (a Swarm client is about to send a round's model:
+the starting client's first round, or the round after one it aggregated, reported done).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 #: The environment variable that names the point, ``SITE/NAME[@N]``.
 FAULT_POINT_ENV = "FLENGINE_FAULT_POINT"
@@ -32,8 +34,12 @@ def set_site(site: str) -> None:
     _site = site
 
 
-def fault_point(name: str) -> None:
-    """SIGKILL this process if ``FLENGINE_FAULT_POINT`` names this site, this point and this pass."""
+def fault_point(name: str, settle_s: float = 0.0) -> None:
+    """SIGKILL this process if ``FLENGINE_FAULT_POINT`` names this site, this point and this pass.
+
+    ``settle_s``: seconds to wait before the kill, for a point whose test needs what the process
+    sent just before it to have left (a crash a moment later); its threads go on meanwhile.
+    """
     wanted = os.environ.get(FAULT_POINT_ENV)
     if not wanted:
         return
@@ -44,4 +50,5 @@ def fault_point(name: str) -> None:
     with _lock:
         passes = _passes[name] = _passes.get(name, 0) + 1
     if passes == (int(nth) if nth.isdigit() else 1):
+        time.sleep(settle_s)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -140,6 +140,8 @@ class ServerJob(ResultIntake, WorkerHost, SiteDeaths):
                 and self.rounds[-1].get("round", 0) >= fields.get("round", 0)
             ):
                 self.rounds.pop()
+            if fields.get("played_again") and self.rounds and self.rounds[-1].get("round") == fields.get("round"):
+                self.rounds.pop()  # a Swarm round done, then played again after its aggregation client was lost
             self.rounds.append(fields)
         self._report(event, **fields)
 

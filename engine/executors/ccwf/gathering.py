@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from engine.aggregators import Aggregator, ResultRules
@@ -65,6 +66,12 @@ class RoundGathering:
                 return False
             self.claimed.add(site)
             return True
+
+    def lose(self, sites: Sequence[str]) -> None:
+        """Wait no longer for ``sites``' results (the server lost them), save those already claimed."""
+        with self._changed:
+            self.trainers = [site for site in self.trainers if site not in sites or site in self.claimed]
+            self._changed.notify_all()
 
     def take(self, site: str, result: Shareable, aggregator: Aggregator, rules: ResultRules | None = None) -> None:
         """Check one trainer's result (``rules``) and fold it into the aggregator, or record why not."""

@@ -31,9 +31,18 @@ from engine.executors.ccwf.client_side import ClientSideController, owner_among,
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy
 from engine.executors.ccwf.swarm_intake import HELD_KEY, ResultIntake
 from engine.executors.ccwf.swarm_roles import REPLAY_KEY, SwarmRoles
+from engine.fault_points import fault_point
 from engine.fobs.quantized import MODES as QUANTIZE_MODES
 from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shown_round
-from engine.model.ccwf import CCWF_CHANNEL, REPLAY_EXCLUDE_KEY, REPLAY_ROUND_KEY, REPLAY_TASK, rotate
+from engine.model.ccwf import (
+    CCWF_CHANNEL,
+    LOST_KEY,
+    LOST_TASK,
+    REPLAY_EXCLUDE_KEY,
+    REPLAY_ROUND_KEY,
+    REPLAY_TASK,
+    rotate,
+)
 from engine.model.payload import limits_after, payload_bytes
 from engine.model.quantize import quantized_copy
 from engine.paths import JobPaths
@@ -221,7 +230,8 @@ class SwarmClientController(ClientSideController):
         return None
 
     def handle_task(self, name: str, shareable: Shareable, abort_signal: threading.Event) -> Shareable:
-        """``replay``: the server lost a round's aggregation client; send the round's model again.
+        """``lost``: clients the server lost for good (see `_lose`). ``replay``: the server lost a
+        round's aggregation client; send the round's model again.
 
         This client sent the round's model the first time: it aggregated the round before, and
         its persistor's last saved model is that model (`ModelPersistor.load_saved_model`; the
@@ -229,6 +239,8 @@ class SwarmClientController(ClientSideController):
         now (the task fails if it cannot be), and goes to the next aggregation client in turn,
         past the ones the server lost, in the background (each peer may take its time to answer).
         """
+        if name == LOST_TASK:
+            return self._lose(shareable.get(LOST_KEY))
         if name != REPLAY_TASK:
             return super().handle_task(name, shareable, abort_signal)
         current_round, excluded = shareable.get(REPLAY_ROUND_KEY), shareable.get(REPLAY_EXCLUDE_KEY)
@@ -246,6 +258,16 @@ class SwarmClientController(ClientSideController):
                 self.update_status(error=f"round {current_round + 1} played again by {self.site}: {e}")
 
         self._spawn(replay, f"replay-{current_round}")
+        return Shareable()
+
+    def _lose(self, sites: Any) -> Shareable:
+        """The swarm goes on without ``sites``: no round's model goes to them, no round waits for
+        their results (a round open now closes once the others answered), and nothing they send
+        is taken."""
+        new = self.roles.lose(sites)
+        if new:
+            log.warning("the server lost %s: the swarm goes on without them", ", ".join(new))
+            self._intake.lose(new)
         return Shareable()
 
     def finalize(self) -> None:
@@ -270,9 +292,11 @@ class SwarmClientController(ClientSideController):
         data.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
         data.set_header(ReservedHeaderKey.TOTAL_ROUNDS, self.roles.end_round)
         self._model_bytes = payload_bytes(data)
-        trainers = [site for site in self.roles.train_clients if site not in (lost or ())]
+        skipped = {*(lost or ()), *self.roles.lost}
+        trainers = [site for site in self.roles.train_clients if site not in skipped]
         unreachable: list[str] = []
-        candidates = [site for site in rotate(list(self.roles.aggr_clients), current_round) if site not in (lost or ())]
+        candidates = [site for site in rotate(list(self.roles.aggr_clients), current_round) if site not in skipped]
+        fault_point("swarm_round_sending", settle_s=0.5)  # the fault suite's hook: the round's model only here
         for aggr in candidates:
             header: dict[str, Any] = {"round": current_round, "aggr": aggr}
             if lost is not None:
@@ -432,7 +456,8 @@ class SwarmClientController(ClientSideController):
         deadline = time.monotonic() + self.submit_max_wait
         away = Absence(self.cell.settings.heartbeat_timeout_s)
         while not self.stopped.is_set():
-            if self.roles.aggr_of(current_round) not in (aggr, None):  # the round was played again
+            if self.roles.aggr_of(current_round) not in (aggr, None) or aggr in self.roles.lost:
+                # the round was played again, or will be: its aggregation client is lost
                 log.warning("round %d: result for %s not handed in: the round went to another", current_round + 1, aggr)
                 self._service.drop(offers)
                 return
@@ -559,7 +584,7 @@ class SwarmClientController(ClientSideController):
 
     def _distribute_final(self, model: FLModel) -> None:
         """Send the final model to every result client; each pulls and saves it before answering."""
-        others = [site for site in self.roles.result_clients if site != self.site]
+        others = [site for site in self.roles.result_clients if site != self.site and site not in self.roles.lost]
         data = self.generator.learnable_to_shareable(model)
         frames = self.codec.encode(data, receivers=others) if others else []
         replies = self.cell.broadcast(

@@ -185,6 +185,15 @@ class ResultIntake:
                 started(entry)
             return entry
 
+    def lose(self, sites: Sequence[str]) -> None:
+        """Expect no result from ``sites`` any more (the server lost them): neither in the rounds to
+        come nor in those open now, unless their result is already coming."""
+        with self._rounds_lock:
+            self.trainers = [site for site in self.trainers if site not in sites]
+            entries = list(self._rounds.values())
+        for entry in entries:
+            entry.lose(sites)
+
     def on_result(self, message: Message, site: str) -> Reply:
         """A result of train client ``site`` (already admitted by its role): pulled in the pool, or refused.
 

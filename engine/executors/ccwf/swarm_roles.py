@@ -13,7 +13,8 @@ sites the server's config names for that role, and only for the round it expects
   round being gathered, see `RoundGathering.claim`);
 - the final model only on a result client, for the last round, once, from the last round's
   aggregation client (a result client that does not train cannot tell which that was: it takes
-  the first from any aggregation client).
+  the first from any aggregation client);
+- nothing from a client the server lost for good (`SwarmRoles.lose`): the swarm went on without it.
 
 The checks answer a reason instead of raising: the controller answers it to the peer as an
 error status and the job goes on as if the message never came.
@@ -75,6 +76,7 @@ class SwarmRoles:
     _last_sender: str = dataclasses.field(default="", init=False)  # the site that sent that round's model
     _replays: int = dataclasses.field(default=0, init=False)  # of that round
     _final_taken: bool = dataclasses.field(default=False, init=False)
+    _lost: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
 
     @classmethod
@@ -108,6 +110,32 @@ class SwarmRoles:
             return self._last_aggr if self._last_round == current_round else None
 
     @property
+    def lost(self) -> frozenset[str]:
+        """The clients the server lost for good (`lose`)."""
+        with self._lock:
+            return self._lost
+
+    def lose(self, sites: Sequence[str]) -> list[str]:
+        """Note clients the server lost for good; return those not known lost before.
+
+        Raises:
+            ValueError: ``sites`` is not a list of this swarm's clients, or names this client.
+        """
+        known = {*self.train_clients, *self.aggr_clients, *self.result_clients}
+        if not isinstance(sites, list) or not all(isinstance(site, str) and site in known for site in sites):
+            raise ValueError(f"lost clients: expected a list of this swarm's clients, got {sites!r}"[:300])
+        if self.site in sites:
+            raise ValueError(f"lost clients: {self.site} is this client")
+        with self._lock:
+            new = sorted(set(sites) - self._lost)
+            self._lost = self._lost | set(sites)
+        return new
+
+    def _lost_refusal(self, sender: str, what: str) -> str | None:
+        lost = owner_among(sender, sorted(self.lost))
+        return f"{lost} may not send {what}: the server lost it, and the swarm went on without it" if lost else None
+
+    @property
     def trains(self) -> bool:
         """Whether this client trains every round."""
         return self.site in self.train_clients
@@ -120,6 +148,9 @@ class SwarmRoles:
             header: The message's header (``round``, ``aggr``).
         """
         current_round, why = _round_of(header)
+        if why:
+            return why
+        why = self._lost_refusal(sender, f"round {shown_round(current_round)}'s model")
         if why:
             return why
         lost = header.get(REPLAY_KEY, [])
@@ -197,13 +228,16 @@ class SwarmRoles:
             return why
         if owner_among(sender, self.train_clients) is None:
             return f"{sender} is not one of train_clients ({', '.join(self.train_clients)}); its result is refused"
-        return self._rounds_refusal(current_round)
+        return self._lost_refusal(sender, "a result") or self._rounds_refusal(current_round)
 
     def final_refusal(self, sender: str, header: Mapping[str, Any]) -> str | None:
         """Why the final model from ``sender`` is refused; None when it is taken (only once)."""
         if self.site not in self.result_clients:
             return f"{self.site} is not one of result_clients"
         final_round, why = _round_of(header)
+        if why:
+            return why
+        why = self._lost_refusal(sender, "the final model")
         if why:
             return why
         if final_round != self.end_round - 1:

@@ -145,6 +145,13 @@ class ServerSideController(Controller):
         """
         raise WorkflowError(f"{type(self).__name__} cannot go on without it")
 
+    def clients_lost(self, lost: list[str], participants: list[str]) -> None:  # noqa: B027 - optional hook
+        """Called once clients are judged lost for good (`_follow`): ``lost``, every one so far, sorted.
+
+        A lost client is not taken back should it return (it still counts as lost for
+        ``min_clients``). Nothing to do by default; Swarm tells the clients left.
+        """
+
     def follow_clients(self, participants: list[str]) -> None:
         """After the start: follow the status reports until the workflow is done (see the module)."""
         self._follow(participants)
@@ -224,6 +231,8 @@ class ServerSideController(Controller):
         # that moved on without it, shows in the others' reports by then.
         judge_after_s = 2 * self.status_interval_s
         untrusted_done: set[str] = set()
+        gone: set[str] = set()  # lost sites judged: lost for good
+        played_again: set[int] = set()  # rounds a recovery plays again: their next "done" is reported anew
         needed = self.min_clients or len(participants)
         while not self.abort_signal.wait(STATUS_CHECK_INTERVAL_S):
             now = time.monotonic()
@@ -251,7 +260,9 @@ class ServerSideController(Controller):
                         latest_round = done["round"]
                         self.context.report("round_started", round=latest_round, total_rounds=end, clients=[])
                     rounds_seen.add(done["round"])
-                    self.context.report("round_done", **done)
+                    again = {"played_again": True} if done["round"] in played_again else {}
+                    played_again.discard(done["round"])
+                    self.context.report("round_done", **done, **again)
             rounds = [
                 status.round
                 for status in statuses.values()
@@ -285,6 +296,7 @@ class ServerSideController(Controller):
                     unjudged[site] = (now, why)
                     self.context.report("workflow_note", message=f"{site} {why}; going on without it")
                     log.warning("client lost site=%s: %s", site, why)
+            judged = len(gone)
             for site, (since, why) in list(unjudged.items()):
                 if now - since < judge_after_s:
                     continue
@@ -293,6 +305,7 @@ class ServerSideController(Controller):
                 if site not in dead and entry is not None and entry.received > since:
                     lost.discard(site)  # it is back
                     continue
+                gone.add(site)
                 reason = self.loss_ends_workflow(site, statuses, latest_round, rounds_seen, participants)
                 if not reason:
                     continue
@@ -301,8 +314,12 @@ class ServerSideController(Controller):
                 except WorkflowError as e:
                     raise WorkflowError(f"{site} is lost ({why}), and {reason}; {e}") from e
                 fenced.add(site)  # should it come back, the workflow went on without it
+                rounds_seen.discard(latest_round)  # a round it had finished is played again too
+                played_again.add(latest_round)
                 self.context.report("workflow_note", message=f"{site} {why} and {reason}: {done}")
                 log.warning("workflow recovered from a loss site=%s: %s", site, done)
+            if len(gone) > judged:
+                self.clients_lost(sorted(gone), participants)
             if len(participants) - len(lost) < needed:
                 raise WorkflowError(
                     f"too few clients left: {', '.join(sorted(lost))} lost (dead, or no status within "

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from engine.controller import Task
 from engine.errors import WorkflowError
 from engine.model import Shareable, shown_round
-from engine.model.ccwf import REPLAY_EXCLUDE_KEY, REPLAY_ROUND_KEY, REPLAY_TASK, WorkflowStatus
+from engine.model.ccwf import (
+    LOST_KEY,
+    LOST_TASK,
+    REPLAY_EXCLUDE_KEY,
+    REPLAY_ROUND_KEY,
+    REPLAY_TASK,
+    WorkflowStatus,
+)
 from engine.workflows.ccwf.server_side import ServerSideController, clients_among, failed_clients
+
+log = logging.getLogger(__name__)
 
 #: Task name prefix of Swarm learning; clients route ``swarm_*`` to their `SwarmClientController`.
 SWARM_PREFIX = "swarm"
@@ -95,13 +105,16 @@ class SwarmServerController(ServerSideController):
         rounds_done: set[int],
         participants: list[str],
     ) -> str | None:
-        """A round's aggregation client holds the round: lost before it is done, the swarm cannot go on.
+        """A round's aggregation client holds the round: lost before the swarm moved past it, it cannot go on.
 
         Which client aggregates the round is what the other clients' reports of it say (the
         round's model names it; it is not always the one whose turn it was: one that did not
         answer is skipped), all of them that report the round, and it must be an aggregation client.
+        Lost before the round is done, it held the round's results; lost after it reported the
+        round done, while no client reports a later round, it held the next round's model (or the
+        final model, not yet with every result client) and nobody else has it.
         """
-        if latest_round in rounds_done or site not in clients_among("aggr_clients", self.aggr_clients, participants):
+        if site not in clients_among("aggr_clients", self.aggr_clients, participants):
             return None
         named = {
             other: status.aggr for other, status in reports.items() if other != site and status.round == latest_round
@@ -109,10 +122,14 @@ class SwarmServerController(ServerSideController):
         named_by = sorted(other for other, aggr in named.items() if aggr == site)
         if not named_by or len(named_by) != len(named):  # none, or they do not agree
             return None
-        return (
-            f"it aggregates round {shown_round(latest_round)} (as {', '.join(named_by)} reported), "
-            "which no other client can finish"
-        )
+        shown, by = shown_round(latest_round), ", ".join(named_by)
+        if latest_round not in rounds_done:
+            return f"it aggregates round {shown} (as {by} reported), which no other client can finish"
+        own = reports.get(site)
+        if own is None or not any(done.get("round") == latest_round for done in own.rounds_done):
+            return None  # another client finished the round
+        following = "the final model" if latest_round + 1 >= self.start_round + self.num_rounds else "its next round"
+        return f"it aggregated round {shown} (as {by} reported) and was the only client with {following}"
 
     def recover_from_loss(
         self, site: str, reports: Mapping[str, WorkflowStatus], latest_round: int, lost: set[str]
@@ -142,6 +159,21 @@ class SwarmServerController(ServerSideController):
             raise WorkflowError(f"{sender} could not play round {shown_round(latest_round)} again: {failures[sender]}")
         self._replays += 1
         return f"{sender} sent round {shown_round(latest_round)}'s model again, to another aggregation client"
+
+    def clients_lost(self, lost: list[str], participants: list[str]) -> None:
+        """Tell the clients left whom the swarm lost (a ``swarm_lost`` task each, answered at once).
+
+        The next rounds' models skip them, and an aggregation client stops waiting for their
+        results (its round closes once the others answered). Not waited for: a client that does
+        not take it within ``max_status_report_interval`` is lost itself by then.
+        """
+        dead = self.context.dead()
+        left = [site for site in participants if site not in lost and site not in dead]
+        if not left:
+            return
+        task = Task(self.task_name(LOST_TASK), Shareable({LOST_KEY: lost}), timeout=self.max_status_report_interval)
+        self.broadcast(task, left, min_responses=0)
+        log.info("clients told whom the swarm lost: %s", ", ".join(lost))
 
     def run(self) -> None:
         self.context.report("workflow_note", message=f"swarm: {self.num_rounds} rounds, the clients aggregate")

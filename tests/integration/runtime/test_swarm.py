@@ -4,6 +4,7 @@ client dying, progress stalling, an evaluator failing one validation)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from engine.config import job_code_on_path
+from engine.fault_points import FAULT_POINT_ENV
 from engine.runtime.states import JobState
 from tests.integration.runtime.conftest import read_json
 from tests.integration.runtime.jobkit import (
@@ -150,6 +152,66 @@ def test_a_dead_aggregation_client_costs_its_round_which_another_plays_again(sim
     assert "site-1 sent round 2's model again, to another aggregation client" in output
     deltas = [expected_delta(3, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
     for site in ("site-1", "site-3"):
+        assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
+
+
+def test_an_aggregation_client_lost_with_the_next_rounds_model_costs_the_round_it_finished(
+    simulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """site-2 aggregates round 2, reports it done, and dies about to send round 3's model (so no
+    other client ever has it): site-1 sends round 2's model again, site-3 plays round 2 and round 3
+    with site-1, and the job completes with the model of the rounds that counted."""
+    monkeypatch.setenv(FAULT_POINT_ENV, "site-2/swarm_round_sending")
+    job = make_swarm_job(
+        tmp_path,
+        num_rounds=3,
+        swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
+        controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 30},
+    )
+    initial = initial_model(job, 2, 32)
+
+    result, output = simulate(job)
+
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    rounds = read_json(tmp_path / "workspace" / "summary.json")["rounds"]
+    assert [(entry["round"], entry["aggregator"], entry["clients"]) for entry in rounds] == [
+        (1, "site-1", SITES),
+        (2, "site-3", ["site-1", "site-3"]),  # played again: it replaces site-2's record
+        (3, "site-3", ["site-1", "site-3"]),
+    ]
+    assert rounds[1]["played_again"] is True
+    assert "and was the only client with its next round: site-1 sent round 2's model again" in output
+    deltas = [expected_delta(3, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
+    for site in ("site-1", "site-3"):
+        assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
+
+
+def test_a_lost_trainer_is_not_waited_for_once_the_server_tells_the_swarm(simulate, tmp_path: Path) -> None:
+    """site-3 dies training round 2. The rounds need 2 results and wait 60 s for a third; once the
+    server judges site-3 lost it tells the others: round 2 closes with two, round 3 (site-3's turn
+    to aggregate) goes to site-1 and waits for nobody, and the final model goes to site-1 and site-2."""
+    job = make_swarm_job(
+        tmp_path,
+        num_rounds=3,
+        script_args="--fault kill --fault-site site-3 --fault-round 1",
+        swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
+        controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 60},
+    )
+    initial = initial_model(job, 2, 32)
+    started = time.monotonic()
+
+    result, output = simulate(job)
+
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    assert time.monotonic() - started < 45, output  # not two rounds of 60 s
+    rounds = read_json(tmp_path / "workspace" / "summary.json")["rounds"]
+    assert [(entry["aggregator"], entry["clients"]) for entry in rounds] == [
+        ("site-1", SITES),
+        ("site-2", ["site-1", "site-2"]),
+        ("site-1", ["site-1", "site-2"]),
+    ]
+    deltas = [expected_delta(3, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
+    for site in ("site-1", "site-2"):
         assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
 
 

@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from engine.executors.ccwf.client_side import owner_among
 from engine.executors.ccwf.gathering import RoundGathering
 from engine.executors.ccwf.swarm_roles import MAX_REPLAYS, REPLAY_KEY, SwarmRoles
+from engine.model import Shareable
 
 SWARM = ["site-1", "site-2"]
 
@@ -176,3 +180,51 @@ def test_each_trainer_claims_one_result_a_round() -> None:
 )
 def test_a_sender_belongs_to_the_site_whose_identity_owns_its_name(sender: str, owner: str | None) -> None:
     assert owner_among(sender, ["site-1", "site-2"]) == owner
+
+
+def test_nothing_is_taken_from_a_client_the_server_lost() -> None:
+    three = ["site-1", "site-2", "site-3"]
+    client = roles("site-3", train_clients=three, aggr_clients=three, result_clients=three)
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-2"}) is None
+
+    assert client.lose(["site-2"]) == ["site-2"]
+    assert client.lose(["site-2", "site-1"]) == ["site-1"]  # only the new ones
+    assert client.lost == {"site-1", "site-2"}
+    assert "site-1 may not send round 2's model: the server lost it" in client.learn_refusal(
+        "site-1.job", {"round": 1, "aggr": "site-3"}
+    )
+    assert "site-2 may not send a result: the server lost it" in client.result_refusal("site-2", {"round": 0})
+    assert "site-2 may not send the final model: the server lost it" in client.final_refusal("site-2", {"round": 2})
+
+
+@pytest.mark.parametrize(
+    ("sites", "reason"),
+    [
+        ("site-1", "expected a list of this swarm's clients"),
+        (["site-9"], "expected a list of this swarm's clients"),
+        ([1], "expected a list of this swarm's clients"),
+        (["site-2"], "site-2 is this client"),
+    ],
+    ids=["not-a-list", "outsider", "not-a-name", "itself"],
+)
+def test_the_lost_clients_must_be_other_clients_of_the_swarm(sites, reason: str) -> None:
+    client = roles()
+    with pytest.raises(ValueError, match=reason):
+        client.lose(sites)
+    assert client.lost == frozenset()
+
+
+def test_a_round_waits_no_longer_for_a_lost_trainer_unless_its_result_is_already_coming() -> None:
+    gathering = RoundGathering(0, ["site-1", "site-2", "site-3", "site-4"])
+    gathering.base = Shareable()  # the round's model is here
+    gathering.claim("site-3")  # its result is being pulled
+    gathering.fail("site-1", "its task failed")
+
+    gathering.lose(["site-2", "site-3"])
+    assert gathering.trainers == ["site-1", "site-3", "site-4"]
+    assert gathering.claim("site-2") is False
+    gathering.fail("site-3", "its pull failed")
+    gathering.fail("site-4", "its task failed")
+    started = time.monotonic()
+    assert gathering.wait_done(1, 60.0, 60.0, threading.Event()) is True  # every trainer left answered
+    assert time.monotonic() - started < 1.0

@@ -248,6 +248,67 @@ def test_a_lost_rounds_aggregation_client_has_the_round_played_again_by_the_prev
     assert any("site-1 sent round 2's model again, to another aggregation client" in note for note in notes), notes
 
 
+def test_an_aggregation_client_lost_with_the_next_rounds_model_has_its_finished_round_played_again(start) -> None:
+    """site-2 reported round 2 done and was lost before round 3's model reached anyone (every other
+    client still reports round 2): site-1, round 1's aggregation client, is told to send round 2's
+    model again, and round 2's "done" from the one that plays it is reported again."""
+    clients, thread, report, keep_reporting = swarm_to_follow(start)
+    queue = clients.queue
+    round_1 = [{"round": 0, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-1"}]
+    round_2 = [{"round": 1, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-2"}]
+    clients.status("site-2", round=1, aggr="site-2", phase="idle", progress=9, rounds_done=round_2)
+    clients.dead.add("site-2")
+    deadline = time.monotonic() + 6
+    replay = None
+    while replay is None and time.monotonic() < deadline:
+        clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=6, rounds_done=round_1)
+        report(1, "site-2", **{"site-3": "idle"})
+        replay = queue.next_task("site-1")
+        time.sleep(0.1)
+
+    assert replay is not None and replay.task_name == "swarm_replay"
+    assert (replay.data["round"], replay.data["exclude"]) == (1, ["site-2"])
+    queue.submit("site-1", replay.task_id, make_reply(ReturnCode.OK))
+    again = [{"round": 1, "time_s": 2.0, "metrics": {}, "clients": ["site-1", "site-3"], "aggregator": "site-1"}]
+    clients.status("site-1", round=1, aggr="site-1", phase="idle", progress=12, rounds_done=round_1 + again)
+    time.sleep(1.0)
+    clients.status("site-1", round=3, aggr="site-1", phase="done", progress=20, all_done=True)
+    assert finish(thread) == []
+    done = [fields for event, fields in clients.events if event == "round_done" and fields["round"] == 1]
+    assert [(entry["aggregator"], entry.get("played_again")) for entry in done] == [("site-2", None), ("site-1", True)]
+    notes = [fields["message"] for event, fields in clients.events if event == "workflow_note"]
+    assert any(
+        "it aggregated round 2 (as site-1, site-3 reported) and was the only client with its next round" in n
+        for n in notes
+    ), notes
+
+
+def test_the_clients_left_are_told_whom_the_swarm_lost_once_it_is_judged(start) -> None:
+    clients, thread, report, keep_reporting = swarm_to_follow(start)
+    queue = clients.queue
+    phases = {"site-1": "aggregating", "site-2": "training"}
+    keep_reporting(0.5, 1, "site-1", **phases, **{"site-3": "training"})
+    clients.dead.add("site-3")
+    keep_reporting(1.0, 1, "site-1", **phases)
+    assert queue.next_task("site-1") is None  # not judged yet
+
+    told = {}
+    deadline = time.monotonic() + 5
+    while len(told) < 2 and time.monotonic() < deadline:
+        report(1, "site-1", **phases)
+        for site in ("site-1", "site-2"):
+            task = queue.next_task(site)
+            if task is not None:
+                told[site] = (task.task_name, task.data["lost"])
+                queue.submit(site, task.task_id, make_reply(ReturnCode.OK))
+        time.sleep(0.1)
+
+    assert told == {"site-1": ("swarm_lost", ["site-3"]), "site-2": ("swarm_lost", ["site-3"])}
+    assert queue.next_task("site-3") is None
+    clients.status("site-1", round=3, aggr="site-1", phase="done", progress=20, all_done=True)
+    assert finish(thread) == []
+
+
 def test_a_lost_client_whose_turn_was_skipped_or_that_came_back_does_not_end_the_swarm(start) -> None:
     """Round 2 was site-2's turn, but site-2 did not answer and site-1 took it (the round's model
     says so): losing site-2 leaves round 2 to site-1. A client lost for a moment and back is not judged."""
