@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection
 from typing import Any
 
 from engine.aggregators import Aggregator, ResultRules
@@ -18,6 +18,9 @@ from engine.model import DXO, DataKind, FLModel, ReturnCode, Shareable, shown_ro
 from engine.streaming.lazy import LazyRef, cleanup_lazy_refs
 
 log = logging.getLogger(__name__)
+
+#: Why a round has no result from a trainer the server lost for good.
+LOST = "lost: the server judged it gone"
 
 
 @dataclasses.dataclass(eq=False)
@@ -60,17 +63,20 @@ class RoundGathering:
             return self.base
 
     def claim(self, site: str) -> bool:
-        """Note that ``site`` sent its result; False when it already did, or is not a trainer of the round."""
+        """Note that ``site`` sent its result; False when it already did, is not a trainer of the
+        round, or is lost."""
         with self._changed:
-            if site not in self.trainers or site in self.claimed:
+            if site not in self.trainers or site in self.claimed or self.failed.get(site) == LOST:
                 return False
             self.claimed.add(site)
             return True
 
-    def lose(self, sites: Sequence[str]) -> None:
-        """Wait no longer for ``sites``' results (the server lost them), save those already claimed."""
+    def lose(self, sites: Collection[str]) -> None:
+        """Wait no longer for the results of ``sites`` (the server lost them), save those already coming."""
         with self._changed:
-            self.trainers = [site for site in self.trainers if site not in sites or site in self.claimed]
+            for site in self.trainers:
+                if site in sites and site not in self.claimed and site not in self.failed:
+                    self.failed[site] = LOST
             self._changed.notify_all()
 
     def take(self, site: str, result: Shareable, aggregator: Aggregator, rules: ResultRules | None = None) -> None:

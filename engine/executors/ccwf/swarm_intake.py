@@ -148,6 +148,7 @@ class ResultIntake:
         self.trainers = list(trainers)
         self._rounds: dict[int, RoundGathering] = {}
         self._rounds_lock = threading.Lock()
+        self._lost: set[str] = set()  # trainers the server lost for good: no round waits for them
         self._closed_up_to = -1  # rounds up to this one take no more results
         self._stopping = threading.Event()  # set by `shutdown`: a rebuild then stops pulling
         self._refused_sites: set[str] = set()  # sites whose result the checks refused while it streamed
@@ -175,6 +176,7 @@ class ResultIntake:
             entry = self._rounds.get(current_round)
             if entry is None:
                 entry = RoundGathering(current_round, [site for site in self.trainers if site not in lost])
+                entry.lose(self._lost)
                 if self._stopping.is_set():  # made after `shutdown` looked at the rounds
                     entry.pulls_stop.set()
                 twin = _twin_of(self.aggregator) if self.folds else None
@@ -189,7 +191,7 @@ class ResultIntake:
         """Expect no result from ``sites`` any more (the server lost them): neither in the rounds to
         come nor in those open now, unless their result is already coming."""
         with self._rounds_lock:
-            self.trainers = [site for site in self.trainers if site not in sites]
+            self._lost.update(sites)
             entries = list(self._rounds.values())
         for entry in entries:
             entry.lose(sites)

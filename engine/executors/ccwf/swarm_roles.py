@@ -175,6 +175,8 @@ class SwarmRoles:
                 if why is None:
                     self._replays += 1
                     self._last_aggr = aggr
+                    # the last round played again: its final model comes again, from the new aggregation client
+                    self._final_taken = self._final_taken and current_round != self.end_round - 1
                 return why
             if self._last_round is not None and current_round <= self._last_round:
                 return (

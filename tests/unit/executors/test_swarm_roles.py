@@ -9,7 +9,7 @@ import time
 import pytest
 
 from engine.executors.ccwf.client_side import owner_among
-from engine.executors.ccwf.gathering import RoundGathering
+from engine.executors.ccwf.gathering import LOST, RoundGathering
 from engine.executors.ccwf.swarm_roles import MAX_REPLAYS, REPLAY_KEY, SwarmRoles
 from engine.model import Shareable
 
@@ -221,10 +221,23 @@ def test_a_round_waits_no_longer_for_a_lost_trainer_unless_its_result_is_already
     gathering.fail("site-1", "its task failed")
 
     gathering.lose(["site-2", "site-3"])
-    assert gathering.trainers == ["site-1", "site-3", "site-4"]
+    assert gathering.failed == {"site-1": "its task failed", "site-2": LOST}
     assert gathering.claim("site-2") is False
     gathering.fail("site-3", "its pull failed")
     gathering.fail("site-4", "its task failed")
     started = time.monotonic()
     assert gathering.wait_done(1, 60.0, 60.0, threading.Event()) is True  # every trainer left answered
     assert time.monotonic() - started < 1.0
+
+
+def test_a_last_round_played_again_brings_its_final_model_again_from_its_new_aggregation_client() -> None:
+    three = ["site-1", "site-2", "site-3"]
+    client = roles("site-3", num_rounds=1, train_clients=three, aggr_clients=three, result_clients=three)
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-2"}) is None
+    assert client.final_refusal("site-2", {"round": 0}) is None  # site-2 sent it, then was lost
+
+    assert "site-3 already took the final model" in client.final_refusal("site-2", {"round": 0})
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-1", REPLAY_KEY: ["site-2"]}) is None
+    assert "it is not the last round's aggregation client (site-1)" in client.final_refusal("site-2", {"round": 0})
+    assert client.final_refusal("site-1", {"round": 0}) is None
+    assert "site-3 already took the final model" in client.final_refusal("site-1", {"round": 0})
