@@ -10,7 +10,9 @@ Points: ``workflow_started`` (the server job process recorded that a workflow ru
 ``checkpoint_write`` (a workflow's checkpoint: the model linked, the record not yet renamed),
 ``result_aggregated`` (a result just went into the round's sum), ``chunk_served`` (a chunk of a
 download was just sent), ``swarm_round_sending`` (a Swarm client is about to send a round's model:
-the starting client's first round, or the round after one it aggregated, reported done).
+the starting client's first round, the round after one it aggregated and reported done, or a
+round it sends again), ``swarm_final_sent`` (the last round's aggregation client sent the final
+model to the result clients and has not reported the swarm done).
 """
 
 from __future__ import annotations

@@ -246,6 +246,10 @@ class SwarmClientController(ClientSideController):
         current_round, excluded = shareable.get(REPLAY_ROUND_KEY), shareable.get(REPLAY_EXCLUDE_KEY)
         if type(current_round) is not int or not isinstance(excluded, list):
             raise ValueError(f"the {name} task names no round and no lost clients")
+        if self.roles.final_taken:
+            raise ValueError(
+                f"{self.site} took the final model: its last saved model is not round {current_round + 1}'s"
+            )
         model = self.persistor.load_saved_model()
         lost = {str(site) for site in excluded}
         log.warning("round %d played again, without %s", current_round + 1, ", ".join(sorted(lost)))
@@ -309,6 +313,8 @@ class SwarmClientController(ClientSideController):
             unreachable.append(aggr)
             self._service.drop_receiver(offers, aggr)
         else:
+            if not candidates:
+                raise RuntimeError(f"round {current_round + 1}: every aggregation client is lost")
             raise RuntimeError(
                 f"round {current_round + 1}: no aggregation client took the model "
                 f"(aggr_clients: {', '.join(candidates)}; {self.learn_task_ack_timeout:g} s each)"
@@ -368,6 +374,9 @@ class SwarmClientController(ClientSideController):
             self.roles.record_learn(current_round, str(header["aggr"]))
         if header["aggr"] == self.site:
             self._round(current_round, header.get(REPLAY_KEY) or ())
+        # Reported now, though the learner may still be busy with the round before: the server
+        # judges a loss by who holds which round's model.
+        self.update_status(round=current_round, aggr=str(header["aggr"]))
         self._inbox.put((header, payload, served, sender))
 
     def _learn_loop(self) -> None:
@@ -391,7 +400,11 @@ class SwarmClientController(ClientSideController):
         current_round, aggr = int(header["round"]), str(header["aggr"])
         trains = self.roles.trains
         self._drop_held_offers(current_round)
-        self.update_status(round=current_round, aggr=aggr, phase="receiving")
+        reported = self.status.round
+        if reported is not None and reported > current_round:  # the next round's model is here already
+            self.update_status(phase="receiving")
+        else:
+            self.update_status(round=current_round, aggr=aggr, phase="receiving")
         if isinstance(payload, Shareable):
             data = payload
         else:
@@ -456,9 +469,10 @@ class SwarmClientController(ClientSideController):
         deadline = time.monotonic() + self.submit_max_wait
         away = Absence(self.cell.settings.heartbeat_timeout_s)
         while not self.stopped.is_set():
-            if self.roles.aggr_of(current_round) not in (aggr, None) or aggr in self.roles.lost:
-                # the round was played again, or will be: its aggregation client is lost
-                log.warning("round %d: result for %s not handed in: the round went to another", current_round + 1, aggr)
+            moved = self.roles.aggr_of(current_round) not in (aggr, None)  # the round was played again
+            if moved or aggr in self.roles.lost:
+                why = "the round went to another" if moved else "the server lost it"
+                log.warning("round %d: result for %s not handed in: %s", current_round + 1, aggr, why)
                 self._service.drop(offers)
                 return
             try:
@@ -598,6 +612,7 @@ class SwarmClientController(ClientSideController):
         for site, reply in replies.items():
             if reply.status is not Status.OK:
                 log.warning("final model not saved by %s: %s %s", site, reply.status.value, reply.reason)
+        fault_point("swarm_final_sent", settle_s=0.5)  # the fault suite's hook: the swarm not yet reported done
         self.persistor.flush()
 
     def _on_final(self, message: Message) -> Reply:
@@ -613,6 +628,7 @@ class SwarmClientController(ClientSideController):
             self.persistor.save_model(dataclasses.replace(model, params=in_memory(model.params or {})))
             self.persistor.flush()
         except Exception as e:  # answered, never raised into the cell's pool
+            self.roles.final_failed()
             return refused(message, f"the final model could not be saved: {type(e).__name__}: {e}")
         finally:
             cleanup_lazy_refs(data)

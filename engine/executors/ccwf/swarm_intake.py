@@ -40,7 +40,7 @@ from engine.aggregators.refusals import bug_reason
 from engine.cells import Cell, Message, Reply
 from engine.errors import ResultRefused, WorkflowError
 from engine.executors.ccwf.client_side import refused
-from engine.executors.ccwf.gathering import RoundGathering
+from engine.executors.ccwf.gathering import LOST, RoundGathering
 from engine.model import DXO, DataKind, FLModel, ParamsType, ReturnCode, Shareable, shown_round
 from engine.model.payload import limits_after, payload_bytes
 from engine.streaming.codec import MessageCodec
@@ -210,6 +210,8 @@ class ResultIntake:
                 return refused(message, f"round {current_round + 1} is closed at {self.site}: the result came too late")
             return refused(message, f"{self.site} does not aggregate round {current_round + 1}")
         if not entry.claim(site):
+            if entry.failed.get(site) == LOST:
+                return refused(message, f"the server lost {site}: round {current_round + 1} takes no result of it")
             return refused(message, f"{site} already sent its result for round {current_round + 1}")
         if not message.header.get("ok", True):
             entry.fail(site, "the trainer's task failed")

@@ -116,20 +116,32 @@ class SwarmRoles:
             return self._lost
 
     def lose(self, sites: Sequence[str]) -> list[str]:
-        """Note clients the server lost for good; return those not known lost before.
+        """Note clients the server lost for good; return those of the swarm's roles not known lost before.
+
+        Names without a role in the swarm (a participant may have none) and this client's own
+        are left out.
 
         Raises:
-            ValueError: ``sites`` is not a list of this swarm's clients, or names this client.
+            ValueError: ``sites`` is not a list of names.
         """
-        known = {*self.train_clients, *self.aggr_clients, *self.result_clients}
-        if not isinstance(sites, list) or not all(isinstance(site, str) and site in known for site in sites):
-            raise ValueError(f"lost clients: expected a list of this swarm's clients, got {sites!r}"[:300])
-        if self.site in sites:
-            raise ValueError(f"lost clients: {self.site} is this client")
+        if not isinstance(sites, list) or not all(isinstance(site, str) for site in sites):
+            raise ValueError(f"lost clients: expected a list of client names, got {sites!r}"[:300])
+        known = {*self.train_clients, *self.aggr_clients, *self.result_clients} - {self.site}
         with self._lock:
-            new = sorted(set(sites) - self._lost)
-            self._lost = self._lost | set(sites)
+            new = sorted((set(sites) & known) - self._lost)
+            self._lost = self._lost | set(new)
         return new
+
+    @property
+    def final_taken(self) -> bool:
+        """Whether this client took the final model (it is saving it, or saved it)."""
+        with self._lock:
+            return self._final_taken
+
+    def final_failed(self) -> None:
+        """The final model taken could not be saved: one from the expected sender may come again."""
+        with self._lock:
+            self._final_taken = False
 
     def _lost_refusal(self, sender: str, what: str) -> str | None:
         lost = owner_among(sender, sorted(self.lost))

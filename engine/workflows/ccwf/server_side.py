@@ -125,10 +125,24 @@ class ServerSideController(Controller):
         """Why losing ``site`` ends the workflow unless `recover_from_loss` can; None (the default): it goes on.
 
         Asked once the other clients had time to report past it (see `_follow`), and only if it
-        has not come back. ``reports``: every participant's latest report (``site``'s too);
-        ``latest_round``: the latest round any of them reported; ``rounds_done``: the rounds an
-        aggregation client reported done. A site the workflow recovered from is ignored from
-        then on, should it come back.
+        has not come back: it is lost for good, and what it reports is ignored from then on.
+        ``reports``: every participant's latest report (``site``'s too, those of clients lost for
+        good before it not); ``latest_round``: the latest round any of them reported;
+        ``rounds_done``: the rounds an aggregation client reported done.
+        """
+        return None
+
+    def finished_without(
+        self,
+        reports: Mapping[str, WorkflowStatus],
+        rounds_done: set[int],
+        gone: set[str],
+        participants: list[str],
+    ) -> str | None:
+        """Why the workflow is done though no finisher reported it (the one that would have is lost:
+        ``gone``, the clients lost for good); None (the default): it is not.
+
+        ``reports``: the latest report of every participant not lost for good.
         """
         return None
 
@@ -136,6 +150,8 @@ class ServerSideController(Controller):
         self, site: str, reports: Mapping[str, WorkflowStatus], latest_round: int, lost: set[str]
     ) -> str:
         """Make the workflow go on without ``site``, whose loss `loss_ends_workflow` judged fatal.
+
+        ``lost``: every client lost for good, ``site`` too.
 
         Returns:
             What was done, for the workflow's note.
@@ -225,19 +241,18 @@ class ServerSideController(Controller):
         rounds_seen: set[int] = set()
         latest_round = -1
         lost: set[str] = set()
-        fenced: set[str] = set()  # lost sites the workflow went on without: what they report is ignored
         unjudged: dict[str, tuple[float, str]] = {}  # lost sites not yet judged -> (when, why)
         # What a lost site held is judged after two status intervals: a round it finished, or one
         # that moved on without it, shows in the others' reports by then.
         judge_after_s = 2 * self.status_interval_s
         untrusted_done: set[str] = set()
-        gone: set[str] = set()  # lost sites judged: lost for good
+        gone: set[str] = set()  # lost sites judged: lost for good, what they report is ignored
         played_again: set[int] = set()  # rounds a recovery plays again: their next "done" is reported anew
         needed = self.min_clients or len(participants)
         while not self.abort_signal.wait(STATUS_CHECK_INTERVAL_S):
             now = time.monotonic()
             reports = self.context.client_status(self.task_name_prefix)
-            reports = {site: entry for site, entry in reports.items() if site not in fenced}
+            reports = {site: entry for site, entry in reports.items() if site not in gone}
             statuses = {site: reports[site].status for site in participants if site in reports}
             for site, status in statuses.items():
                 if status.error:
@@ -284,6 +299,11 @@ class ServerSideController(Controller):
             if done_by:
                 log.info("workflow done, reported by %s prefix=%s", done_by[0], self.task_name_prefix)
                 return
+            finished = self.finished_without(statuses, rounds_seen, gone, participants) if gone else None
+            if finished:
+                self.context.report("workflow_note", message=f"{self.task_name_prefix} done: {finished}")
+                log.info("workflow done without its finisher prefix=%s: %s", self.task_name_prefix, finished)
+                return
             dead = self.context.dead()
             for site in participants:
                 if site in lost:
@@ -296,7 +316,7 @@ class ServerSideController(Controller):
                     unjudged[site] = (now, why)
                     self.context.report("workflow_note", message=f"{site} {why}; going on without it")
                     log.warning("client lost site=%s: %s", site, why)
-            judged = len(gone)
+            judged: dict[str, str] = {}  # lost for good from now on -> why it was lost
             for site, (since, why) in list(unjudged.items()):
                 if now - since < judge_after_s:
                     continue
@@ -304,22 +324,25 @@ class ServerSideController(Controller):
                 entry = reports.get(site)
                 if site not in dead and entry is not None and entry.received > since:
                     lost.discard(site)  # it is back
+                    if gone:  # whom the others were told of while it was away
+                        self.clients_lost(sorted(gone), [site])
                     continue
-                gone.add(site)
+                judged[site] = why
+            if judged:
+                gone.update(judged)
+                self.clients_lost(sorted(gone), participants)  # first: the clients left stop taking from them
+            for site, why in judged.items():
                 reason = self.loss_ends_workflow(site, statuses, latest_round, rounds_seen, participants)
                 if not reason:
                     continue
                 try:
-                    done = self.recover_from_loss(site, statuses, latest_round, lost)
+                    done = self.recover_from_loss(site, statuses, latest_round, gone)
                 except WorkflowError as e:
                     raise WorkflowError(f"{site} is lost ({why}), and {reason}; {e}") from e
-                fenced.add(site)  # should it come back, the workflow went on without it
                 rounds_seen.discard(latest_round)  # a round it had finished is played again too
                 played_again.add(latest_round)
                 self.context.report("workflow_note", message=f"{site} {why} and {reason}: {done}")
                 log.warning("workflow recovered from a loss site=%s: %s", site, done)
-            if len(gone) > judged:
-                self.clients_lost(sorted(gone), participants)
             if len(participants) - len(lost) < needed:
                 raise WorkflowError(
                     f"too few clients left: {', '.join(sorted(lost))} lost (dead, or no status within "

@@ -128,8 +128,46 @@ class SwarmServerController(ServerSideController):
         own = reports.get(site)
         if own is None or not any(done.get("round") == latest_round for done in own.rounds_done):
             return None  # another client finished the round
-        following = "the final model" if latest_round + 1 >= self.start_round + self.num_rounds else "its next round"
-        return f"it aggregated round {shown} (as {by} reported) and was the only client with {following}"
+        if not self._is_last(latest_round):
+            return f"it aggregated round {shown} (as {by} reported) and was the only client with its next round"
+        holders, missing = self._final_holders(reports, site, participants)
+        if not missing:
+            return None  # every result client left has the final model: the swarm is done
+        if holders:
+            return (
+                f"it aggregated the last round (as {by} reported) and was sending the final model, "
+                f"which {', '.join(holders)} saved but not {', '.join(missing)}"
+            )
+        return f"it aggregated the last round (as {by} reported) and was the only client with the final model"
+
+    def finished_without(
+        self,
+        reports: Mapping[str, WorkflowStatus],
+        rounds_done: set[int],
+        gone: set[str],
+        participants: list[str],
+    ) -> str | None:
+        """The last round is done and every result client left saved the final model (its sender is lost)."""
+        if not self._is_last(max(rounds_done, default=-1)):
+            return None
+        holders, missing = self._final_holders(reports, "", [site for site in participants if site not in gone])
+        if missing or not holders:
+            return None
+        return f"the final model is with every result client left ({', '.join(holders)})"
+
+    def _is_last(self, number: int) -> bool:
+        return number == self.start_round + self.num_rounds - 1
+
+    def _final_holders(
+        self, reports: Mapping[str, WorkflowStatus], lost: str, candidates: list[str]
+    ) -> tuple[list[str], list[str]]:
+        """The result clients of ``candidates`` (but ``lost``) whose report says they saved the final
+        model, and the others."""
+        result_clients = [
+            site for site in candidates if site != lost and (self.result_clients is None or site in self.result_clients)
+        ]
+        holders = [site for site in result_clients if site in reports and reports[site].phase == "done"]
+        return holders, [site for site in result_clients if site not in holders]
 
     def recover_from_loss(
         self, site: str, reports: Mapping[str, WorkflowStatus], latest_round: int, lost: set[str]
@@ -145,6 +183,10 @@ class SwarmServerController(ServerSideController):
         """
         if self._replays >= MAX_ROUND_REPLAYS:
             raise WorkflowError(f"{self._replays} rounds were played again already (at most {MAX_ROUND_REPLAYS})")
+        if self._is_last(latest_round) and self._final_holders(reports, site, list(reports))[0]:
+            # A result client that saved it would not take another (and its persistor's last saved
+            # model is no longer the round's): a final model made again would differ from site to site.
+            raise WorkflowError("a final model that some result clients saved cannot be made again")
         trusted = self.aggr_clients if self.aggr_clients is not None else list(reports)
         sender = (
             self.starter if latest_round == self.start_round else _aggregator_of(reports, latest_round - 1, trusted)
@@ -161,14 +203,14 @@ class SwarmServerController(ServerSideController):
         return f"{sender} sent round {shown_round(latest_round)}'s model again, to another aggregation client"
 
     def clients_lost(self, lost: list[str], participants: list[str]) -> None:
-        """Tell the clients left whom the swarm lost (a ``swarm_lost`` task each, answered at once).
+        """Tell ``participants`` (but the lost) whom the swarm lost (a ``swarm_lost`` task each, answered at once).
 
-        The next rounds' models skip them, and an aggregation client stops waiting for their
-        results (its round closes once the others answered). Not waited for: a client that does
-        not take it within ``max_status_report_interval`` is lost itself by then.
+        The next rounds' models skip them, an aggregation client stops waiting for their results
+        (its round closes once the others answered), and nothing they send is taken. Not waited
+        for; it stays open for ``max_status_report_interval`` seconds (a client away longer is
+        lost itself, and one back from a loss before it is judged is told again).
         """
-        dead = self.context.dead()
-        left = [site for site in participants if site not in lost and site not in dead]
+        left = [site for site in participants if site not in lost]
         if not left:
             return
         task = Task(self.task_name(LOST_TASK), Shareable({LOST_KEY: lost}), timeout=self.max_status_report_interval)

@@ -186,6 +186,30 @@ def test_an_aggregation_client_lost_with_the_next_rounds_model_costs_the_round_i
         assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
 
 
+def test_a_last_aggregation_client_lost_once_every_result_client_saved_the_final_model_ends_the_swarm_done(
+    simulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """site-2 aggregates the last round, sends the final model to site-1 and site-3 (both save it),
+    and dies before it reports the swarm done: the swarm is done, with nothing played again."""
+    monkeypatch.setenv(FAULT_POINT_ENV, "site-2/swarm_final_sent")
+    job = make_swarm_job(
+        tmp_path,
+        num_rounds=2,
+        swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
+        controller_args={"wait_time_after_min_resps_received": 30},
+    )
+    initial = initial_model(job, 2, 32)
+
+    result, output = simulate(job)
+
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    assert "swarm done: the final model is with every result client left (site-1, site-3)" in output
+    rounds = read_json(tmp_path / "workspace" / "summary.json")["rounds"]
+    assert [(entry["aggregator"], entry["clients"]) for entry in rounds] == [("site-1", SITES), ("site-2", SITES)]
+    for site in ("site-1", "site-3"):
+        assert_moved_by(final_model(tmp_path / "workspace", site), initial, 2 * expected_delta(3))
+
+
 def test_a_lost_trainer_is_not_waited_for_once_the_server_tells_the_swarm(simulate, tmp_path: Path) -> None:
     """site-3 dies training round 2. The rounds need 2 results and wait 60 s for a third; once the
     server judges site-3 lost it tells the others: round 2 closes with two, round 3 (site-3's turn

@@ -175,10 +175,17 @@ def test_a_dead_client_is_left_behind_while_min_clients_are_left(start) -> None:
     assert "site-3 stopped answering; going on without it" in notes
 
 
-def swarm_to_follow(start):
+def next_task_but_lost(queue: TaskQueue, site: str):
+    """``site``'s next task that is not a ``swarm_lost`` notice (those are answered OK); None when none is there."""
+    while (assignment := queue.next_task(site)) is not None and assignment.task_name == "swarm_lost":
+        queue.submit(site, assignment.task_id, make_reply(ReturnCode.OK))
+    return assignment
+
+
+def swarm_to_follow(start, num_rounds: int = 4):
     queue, clients, thread = start(
         SwarmServerController(
-            num_rounds=4, aggr_clients=["site-1", "site-2"], min_clients=1, max_status_report_interval=3
+            num_rounds=num_rounds, aggr_clients=["site-1", "site-2"], min_clients=1, max_status_report_interval=3
         )
     )  # reports every second: a loss is judged 2 s after it
     configure_and_start(queue)
@@ -231,7 +238,7 @@ def test_a_lost_rounds_aggregation_client_has_the_round_played_again_by_the_prev
     while replay is None and time.monotonic() < deadline:
         clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=6, rounds_done=round_1)
         report(1, "site-2", **{"site-3": "idle"})
-        replay = queue.next_task("site-1")
+        replay = next_task_but_lost(queue, "site-1")
         time.sleep(0.1)
 
     assert replay is not None and replay.task_name == "swarm_replay"
@@ -263,7 +270,7 @@ def test_an_aggregation_client_lost_with_the_next_rounds_model_has_its_finished_
     while replay is None and time.monotonic() < deadline:
         clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=6, rounds_done=round_1)
         report(1, "site-2", **{"site-3": "idle"})
-        replay = queue.next_task("site-1")
+        replay = next_task_but_lost(queue, "site-1")
         time.sleep(0.1)
 
     assert replay is not None and replay.task_name == "swarm_replay"
@@ -281,6 +288,53 @@ def test_an_aggregation_client_lost_with_the_next_rounds_model_has_its_finished_
         "it aggregated round 2 (as site-1, site-3 reported) and was the only client with its next round" in n
         for n in notes
     ), notes
+
+
+LAST_ROUND_DONE = [{"round": 1, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-2"}]
+
+
+def test_a_swarm_whose_last_aggregation_client_is_lost_after_every_result_client_saved_the_final_model_is_done(
+    start,
+) -> None:
+    clients, thread, report, keep_reporting = swarm_to_follow(start, num_rounds=2)
+    clients.status("site-2", round=1, aggr="site-2", phase="idle", progress=9, rounds_done=LAST_ROUND_DONE)
+    clients.dead.add("site-2")  # before it reported the swarm done
+    keep_reporting(6.0, 1, "site-2", **{"site-1": "done", "site-3": "done"})
+
+    assert finish(thread) == []
+    notes = [fields["message"] for event, fields in clients.events if event == "workflow_note"]
+    assert "swarm done: the final model is with every result client left (site-1, site-3)" in notes, notes
+
+
+def test_a_final_model_that_some_result_clients_saved_is_not_made_again(start) -> None:
+    clients, thread, report, keep_reporting = swarm_to_follow(start, num_rounds=2)
+    clients.status("site-2", round=1, aggr="site-2", phase="idle", progress=9, rounds_done=LAST_ROUND_DONE)
+    clients.dead.add("site-2")
+    keep_reporting(6.0, 1, "site-2", **{"site-1": "done", "site-3": "idle"})
+
+    [error] = finish(thread)
+    assert (
+        "site-2 is lost (stopped answering), and it aggregated the last round (as site-1, site-3 reported) and "
+        "was sending the final model, which site-1 saved but not site-3; a final model that some result clients "
+        "saved cannot be made again" in str(error)
+    )
+    assert next_task_but_lost(clients.queue, "site-1") is None  # no replay
+
+
+def test_a_round_finished_by_a_lost_client_whose_next_model_reached_someone_or_finished_by_another_goes_on(
+    start,
+) -> None:
+    """site-2 reported round 2 done and is lost, but site-1 and site-3 report round 3 (its model left
+    site-2): the loss costs nothing, and no round is played again."""
+    clients, thread, report, keep_reporting = swarm_to_follow(start)
+    round_2 = [{"round": 1, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-2"}]
+    clients.status("site-2", round=1, aggr="site-2", phase="idle", progress=9, rounds_done=round_2)
+    clients.dead.add("site-2")
+    keep_reporting(4.0, 2, "site-1", **{"site-1": "aggregating", "site-3": "training"})
+    assert thread.is_alive()
+    assert next_task_but_lost(clients.queue, "site-1") is None  # no replay
+    clients.status("site-1", round=3, aggr="site-1", phase="done", progress=20, all_done=True)
+    assert finish(thread) == []
 
 
 def test_the_clients_left_are_told_whom_the_swarm_lost_once_it_is_judged(start) -> None:
@@ -329,7 +383,8 @@ def test_a_lost_client_whose_turn_was_skipped_or_that_came_back_does_not_end_the
     keep_reporting(6.0, 1, "site-1", **{"site-3": "idle"})
     [error] = finish(thread)
     assert time.monotonic() - started < 4
-    assert "site-1 is lost (stopped answering), and it aggregates round 2 (as site-2, site-3 reported)" in str(error)
+    # site-2, lost for good before, is not heard: site-3 alone says who aggregates the round
+    assert "site-1 is lost (stopped answering), and it aggregates round 2 (as site-3 reported)" in str(error)
 
 
 def test_a_failed_config_task_ends_the_swarm_naming_the_client(start) -> None:
