@@ -1,10 +1,10 @@
 """`SwarmClientController`: a client's part of Swarm learning.
 
 Each round the trainers train the round's model and hand their results to the round's
-aggregation client, which folds them into a weighted sum as they arrive (chunk by chunk, all at
-once, with the default weighted mean in memory: `ResultIntake`), applies the aggregate,
-saves it, and starts the next round with another aggregation client; after the last round the
-final model goes to the result clients. Messages go client to client over the cells (routed
+aggregation client (`ResultHandIn`), which folds them into a weighted sum as they arrive (chunk
+by chunk, all at once, with the default weighted mean in memory: `ResultIntake`), applies the
+aggregate, saves it, and starts the next round with another aggregation client (`RoundSender`);
+after the last round the final model goes to the result clients. Messages go client to client over the cells (routed
 through the server cell); tensors are pulled by whoever receives them, from the client that has
 them, with the job's chunk sizes. The server never holds a model. A client takes a peer's
 message only from the site the config names for it, for the round it expects (`SwarmRoles`).
@@ -25,15 +25,15 @@ from typing import Any
 from engine.aggregators import Aggregator, ResultRules
 from engine.aggregators.rules import marked_from_one_site
 from engine.cells import Message, Reply, Status
-from engine.cells.retry import Absence
-from engine.errors import CellError, CellRemoteError, CellUnreachableError
 from engine.executors.ccwf.client_side import ClientSideController, owner_among, refused
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy
-from engine.executors.ccwf.swarm_intake import HELD_KEY, ResultIntake
+from engine.executors.ccwf.swarm_hand_in import ResultHandIn
+from engine.executors.ccwf.swarm_intake import ResultIntake
 from engine.executors.ccwf.swarm_roles import REPLAY_KEY, SwarmRoles
+from engine.executors.ccwf.swarm_sending import RoundSender
 from engine.fault_points import fault_point
 from engine.fobs.quantized import MODES as QUANTIZE_MODES
-from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shown_round
+from engine.model import FLModel, ReservedHeaderKey, Shareable, model_from_shareable, shown_round
 from engine.model.ccwf import (
     CCWF_CHANNEL,
     LOST_KEY,
@@ -41,7 +41,6 @@ from engine.model.ccwf import (
     REPLAY_EXCLUDE_KEY,
     REPLAY_ROUND_KEY,
     REPLAY_TASK,
-    rotate,
 )
 from engine.model.payload import limits_after, payload_bytes
 from engine.model.quantize import quantized_copy
@@ -166,7 +165,6 @@ class SwarmClientController(ClientSideController):
         self._exits = contextlib.ExitStack()
         self._threads: list[threading.Thread] = []
         self.intake: ResultIntake | None = None
-        self._held_offers: list[tuple[int, list[str]]] = []  # results the aggregation clients may pull again
         #: Bytes of the last round's model this client held: a peer's next model may announce at
         #: most `limits_after` it (an aggregate is the size of what it was made from); None
         #: before this client held one (a trainer's first round takes the size announced).
@@ -209,6 +207,19 @@ class SwarmClientController(ClientSideController):
                 raise RuntimeError("download_to_disk: this client runtime cannot download to disk")
             folder = None if self.download_to_disk_dir is None else Path(self.download_to_disk_dir)
             self._exits.enter_context(self.context.downloads_to_disk(folder))
+        self.sender = RoundSender(
+            self.codec, self.roles, self._topic(LEARN), self._outgoing, self.learn_task_ack_timeout, self._accept_learn
+        )
+        self.hand_in = ResultHandIn(
+            self.codec,
+            self.roles,
+            self._topic(RESULT),
+            self._outgoing,
+            self.submit_msg_timeout,
+            self.submit_interval,
+            self.submit_max_wait,
+            self.stopped,
+        )
         self.intake = ResultIntake(
             self.codec,
             self.aggregator,
@@ -286,66 +297,17 @@ class SwarmClientController(ClientSideController):
     # ----------------------------------------------------------------- sending a round
 
     def _start_round(self, current_round: int, model: FLModel, lost: set[str] | None = None) -> None:
-        """Send ``model`` as round ``current_round`` to its aggregation client, then to its trainers.
-
-        ``lost``: the round is played again (its first aggregation client was lost): these clients
-        get nothing, and the model says it is sent again (`REPLAY_KEY`).
-        """
+        """Send ``model`` as round ``current_round`` (see `RoundSender.send`)."""
         data = self.generator.learnable_to_shareable(model)
         del model
         data.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
         data.set_header(ReservedHeaderKey.TOTAL_ROUNDS, self.roles.end_round)
         self._model_bytes = payload_bytes(data)
-        skipped = {*(lost or ()), *self.roles.lost}
-        trainers = [site for site in self.roles.train_clients if site not in skipped]
-        unreachable: list[str] = []
-        candidates = [site for site in rotate(list(self.roles.aggr_clients), current_round) if site not in skipped]
-        fault_point("swarm_round_sending", settle_s=0.5)  # the fault suite's hook: the round's model only here
-        for aggr in candidates:
-            header: dict[str, Any] = {"round": current_round, "aggr": aggr}
-            if lost is not None:
-                header[REPLAY_KEY] = sorted(lost)
-            peers = [site for site in dict.fromkeys([aggr, *trainers]) if site != self.site]
-            offers: list[str] = []
-            frames = self.codec.encode(self._outgoing(data), receivers=peers, offers=offers) if peers else []
-            if self._deliver(aggr, header, data, frames, offers):
-                break
-            unreachable.append(aggr)
-            self._service.drop_receiver(offers, aggr)
-        else:
-            if not candidates:
-                raise RuntimeError(f"round {current_round + 1}: every aggregation client is lost")
-            raise RuntimeError(
-                f"round {current_round + 1}: no aggregation client took the model "
-                f"(aggr_clients: {', '.join(candidates)}; {self.learn_task_ack_timeout:g} s each)"
-            )
-        for trainer in trainers:
-            if trainer != aggr and not self._deliver(trainer, header, data, frames, offers):
-                unreachable.append(trainer)
-                self._service.drop_receiver(offers, trainer)
-        if unreachable:
-            log.warning("round %d: not delivered to %s", current_round + 1, ", ".join(unreachable))
-        log.info("round started round=%d aggr=%s trainers=%s", current_round + 1, aggr, trainers)
+        self.sender.send(current_round, data, lost)
 
     def _outgoing(self, data: Shareable) -> Shareable:
         """``data`` as it leaves this client: its params marked to travel quantized when ``quantize`` says so."""
         return data if self.quantize is None else quantized_copy(data, self.quantize)
-
-    def _deliver(
-        self, site: str, header: dict[str, Any], data: Shareable, frames: list[Any], offers: list[str]
-    ) -> bool:
-        """Hand the round's model to ``site``: straight to the inbox when it is this client."""
-        if site == self.site:
-            self._accept_learn(header, data, offers)
-            return True
-        try:
-            self.cell.request(
-                site, CCWF_CHANNEL, self._topic(LEARN), header, frames, timeout_s=self.learn_task_ack_timeout
-            )
-            return True
-        except CellError as e:
-            log.warning("round %s not taken by %s: %s", shown_round(header["round"]), site, e)
-            return False
 
     @property
     def _service(self) -> DownloadService:
@@ -399,7 +361,7 @@ class SwarmClientController(ClientSideController):
     def _learn(self, header: dict[str, Any], payload: Any, served: list[str], sender: str | None = None) -> None:
         current_round, aggr = int(header["round"]), str(header["aggr"])
         trains = self.roles.trains
-        self._drop_held_offers(current_round)
+        self.hand_in.drop_held(current_round)
         reported = self.status.round
         if reported is not None and reported > current_round:  # the next round's model is here already
             self.update_status(phase="receiving")
@@ -431,7 +393,7 @@ class SwarmClientController(ClientSideController):
             if entry.claim(self.site):
                 self._intake.take_own(entry, self.site, result)
         else:
-            self._submit(aggr, current_round, result)
+            self.hand_in.submit(aggr, current_round, result)
         self.update_status(phase="idle")
 
     def _train_after_peers(self, data: Shareable, served: list[str]) -> Shareable:
@@ -452,70 +414,6 @@ class SwarmClientController(ClientSideController):
             LONGEST_WAIT_S,
         )
         return private_copy(data)
-
-    def _submit(self, aggr: str, current_round: int, result: Shareable) -> None:
-        """Offer the result to the aggregation client, which pulls its tensors when it can (and, when
-        its reply says so, again until its round ends: the offer is held past its timeout).
-
-        Raises:
-            RuntimeError: ``aggr`` did not take it within ``request_to_submit_result_max_wait``, or
-                is gone (unreachable for longer than the cell's heartbeat timeout): the round
-                cannot be aggregated, and the swarm ends with the reason instead of waiting.
-        """
-        offers: list[str] = []
-        frames = self.codec.encode(self._outgoing(result), receivers=[aggr], offers=offers)
-        ok = result.get_return_code() is ReturnCode.OK
-        header = {"round": current_round, "ok": ok}
-        deadline = time.monotonic() + self.submit_max_wait
-        away = Absence(self.cell.settings.heartbeat_timeout_s)
-        while not self.stopped.is_set():
-            moved = self.roles.aggr_of(current_round) not in (aggr, None)  # the round was played again
-            if moved or aggr in self.roles.lost:
-                why = "the round went to another" if moved else "the server lost it"
-                log.warning("round %d: result for %s not handed in: %s", current_round + 1, aggr, why)
-                self._service.drop(offers)
-                return
-            try:
-                reply = self.cell.request(
-                    aggr, CCWF_CHANNEL, self._topic(RESULT), header, frames, self.submit_msg_timeout
-                )
-                if reply.header.get(HELD_KEY) is True:
-                    self._service.hold(offers)
-                    self._held_offers.append((current_round, offers))
-                return
-            except CellRemoteError as e:  # taken and refused (the round closed): nothing to retry
-                log.warning("round %d: %s refused the result: %s", current_round + 1, aggr, e)
-                return
-            except CellError as e:
-                now = time.monotonic()
-                gone = ""
-                if not isinstance(e, CellUnreachableError) or not self.cell.connected:
-                    away.heard()  # it is there, only slow; or this site's own link is down
-                elif (away_s := away.unreachable(now)) > away.limit_s:
-                    gone = f"unreachable for {away_s:.1f} s, more than the heartbeat timeout of {away.limit_s:g} s"
-                if self.roles.last_round > current_round or gone:
-                    # The swarm left the round, or the server will play it again (or end the job)
-                    # without the aggregation client: the result is not wanted any more.
-                    why = gone and f"aggregation client {aggr} is gone ({gone})"
-                    log.warning("round %d: result not handed in: %s", current_round + 1, why or "the swarm is past it")
-                    self._service.drop(offers)
-                    return
-                if now > deadline:
-                    raise RuntimeError(
-                        f"could not hand the result to aggregation client {aggr} within "
-                        f"request_to_submit_result_max_wait={self.submit_max_wait:g} s: {e}"
-                    ) from e
-                log.warning("round %d: %s did not take the result yet: %s", current_round + 1, aggr, e)
-                self.stopped.wait(self.submit_interval)
-
-    def _drop_held_offers(self, current_round: int) -> None:
-        """Free results of earlier rounds still held: those rounds are over (their aggregation client
-        reported them done, unless it died first)."""
-        # A result held for this round was for a round played again: its aggregation client was lost.
-        ended = [offers for number, offers in self._held_offers if number <= current_round]
-        self._held_offers = [(number, offers) for number, offers in self._held_offers if number > current_round]
-        for offers in ended:
-            self._service.drop(offers)
 
     # ----------------------------------------------------------------- aggregating a round
 

@@ -339,7 +339,7 @@ def test_a_straggler_whose_round_is_past_drops_its_result_when_that_rounds_aggre
     result.set_return_code(ReturnCode.OK)
     started = time.monotonic()
 
-    sites["site-2"].controller._submit("site-1", 0, result)  # returns: nothing raised
+    sites["site-2"].controller.hand_in.submit("site-1", 0, result)  # returns: nothing raised
 
     assert time.monotonic() - started < 1.5  # at the first failed try, not after the heartbeat timeout
 
