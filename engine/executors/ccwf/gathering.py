@@ -39,6 +39,8 @@ class RoundGathering:
     failed: dict[str, str] = dataclasses.field(default_factory=dict)
     started: float = dataclasses.field(default_factory=time.monotonic)
     closed: bool = False
+    #: Set when the round's model never arrived whole (its sender was lost): nothing is aggregated.
+    abandoned: bool = False
     claimed: set[str] = dataclasses.field(default_factory=set)
     #: How the round folds its results chunk by chunk (`engine.executors.ccwf.swarm_intake.RoundFold`);
     #: None: whole, into the swarm's aggregator.
@@ -125,11 +127,18 @@ class RoundGathering:
             self.failed[site] = why
             self._changed.notify_all()
 
+    def abandon(self) -> None:
+        """Give the round up (its model never arrived whole): `wait_done` returns False, pulls end."""
+        with self._changed:
+            self.abandoned = True
+            self._changed.notify_all()
+        self.pulls_stop.set()
+
     def wait_done(self, minimum: int, wait_after_min_s: float, timeout_s: float, stopped: threading.Event) -> bool:
-        """Wait for the round's model and its results; False when the job stopped meanwhile."""
+        """Wait for the round's model and its results; False when the job stopped or the round was abandoned."""
         min_reached_at = None
         with self._changed:
-            while not stopped.is_set():
+            while not stopped.is_set() and not self.abandoned:
                 now = time.monotonic()
                 answered = len(self.accepted) + len(self.failed)
                 if len(self.accepted) >= minimum and min_reached_at is None:

@@ -25,7 +25,7 @@ from typing import Any
 from engine.aggregators import Aggregator, ResultRules
 from engine.aggregators.rules import marked_from_one_site
 from engine.cells import Message, Reply, Status
-from engine.executors.ccwf.client_side import ClientSideController, owner_among, refused
+from engine.executors.ccwf.client_side import DEFAULT_STATUS_INTERVAL_S, ClientSideController, owner_among, refused
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy
 from engine.executors.ccwf.swarm_hand_in import ResultHandIn
 from engine.executors.ccwf.swarm_intake import ResultIntake
@@ -169,6 +169,10 @@ class SwarmClientController(ClientSideController):
         #: most `limits_after` it (an aggregate is the size of what it was made from); None
         #: before this client held one (a trainer's first round takes the size announced).
         self._model_bytes: int | None = None
+        self._status_round_lock = threading.Lock()  # the round reported is read from the roles and sent in one go
+        #: The sender of the round's model the learner pulls now, and what stops that pull (set when
+        #: the server loses the sender, or the job ends).
+        self._pulling: tuple[str, threading.Event] | None = None
 
     def use_job_paths(self, paths: JobPaths) -> None:
         """Check ``download_to_disk_dir`` (when downloads go to disk) against the folders the site allows.
@@ -262,7 +266,7 @@ class SwarmClientController(ClientSideController):
                 f"{self.site} took the final model: its last saved model is not round {current_round + 1}'s"
             )
         model = self.persistor.load_saved_model()
-        lost = {str(site) for site in excluded}
+        lost = set(self.roles.in_swarm([str(site) for site in excluded]))  # a participant may have no role
         log.warning("round %d played again, without %s", current_round + 1, ", ".join(sorted(lost)))
 
         def replay() -> None:
@@ -283,10 +287,16 @@ class SwarmClientController(ClientSideController):
         if new:
             log.warning("the server lost %s: the swarm goes on without them", ", ".join(new))
             self._intake.lose(new)
+            pulling = self._pulling
+            if pulling is not None and owner_among(pulling[0], new):
+                pulling[1].set()  # the round's model cannot come whole any more
         return Shareable()
 
     def finalize(self) -> None:
         self.stopped.set()
+        pulling = self._pulling
+        if pulling is not None:
+            pulling[1].set()
         for thread in self._threads:
             thread.join(5.0)
         if self.intake is not None:
@@ -338,8 +348,21 @@ class SwarmClientController(ClientSideController):
             self._round(current_round, header.get(REPLAY_KEY) or ())
         # Reported now, though the learner may still be busy with the round before: the server
         # judges a loss by who holds which round's model.
-        self.update_status(round=current_round, aggr=str(header["aggr"]))
+        self._report_round()
         self._inbox.put((header, payload, served, sender))
+
+    def update_status(self, **changes: Any) -> None:
+        """Change the status and report it; a client that saved the final model stays ``done``."""
+        if self.status.phase == "done":
+            changes.pop("phase", None)
+        super().update_status(**changes)
+
+    def _report_round(self, **changes: Any) -> None:
+        """Report the latest round whose model this client took, and its aggregation client (as the
+        roles have them now: a later call never reports an older round, save after `SwarmRoles.untake`)."""
+        with self._status_round_lock:
+            latest = self.roles.last_round
+            self.update_status(round=latest, aggr=self.roles.aggr_of(latest) or "", **changes)
 
     def _learn_loop(self) -> None:
         while not self.stopped.is_set():
@@ -360,19 +383,18 @@ class SwarmClientController(ClientSideController):
 
     def _learn(self, header: dict[str, Any], payload: Any, served: list[str], sender: str | None = None) -> None:
         current_round, aggr = int(header["round"]), str(header["aggr"])
+        if self.roles.aggr_of(current_round) not in (aggr, None):
+            log.info("round %d's model for %s skipped: the round is played again", current_round + 1, aggr)
+            return
         trains = self.roles.trains
         self.hand_in.drop_held(current_round)
-        reported = self.status.round
-        if reported is not None and reported > current_round:  # the next round's model is here already
-            self.update_status(phase="receiving")
-        else:
-            self.update_status(round=current_round, aggr=aggr, phase="receiving")
+        self._report_round(phase="receiving")
         if isinstance(payload, Shareable):
             data = payload
         else:
-            limits = limits_after(self._model_bytes, f"round {current_round + 1}'s model from {sender}")
-            data = self.codec.decode(payload, sender=sender, stop=self.stopped, **limits)
-            self._model_bytes = payload_bytes(data)
+            data = self._receive(current_round, aggr, payload, sender)
+            if data is None:
+                return
         del payload
         if aggr == self.site:  # the round's model, as sent: results are checked against it as they come
             self._round(current_round).set_base(data)
@@ -395,6 +417,48 @@ class SwarmClientController(ClientSideController):
         else:
             self.hand_in.submit(aggr, current_round, result)
         self.update_status(phase="idle")
+
+    def _receive(self, current_round: int, aggr: str, payload: Any, sender: str | None) -> Shareable | None:
+        """Pull the round's model from ``sender``; None when the server lost the sender first.
+
+        The round is then given up here as if its model never came (`SwarmRoles.untake`), so that
+        the server, seeing every client back at the round before, has that one played again.
+
+        Raises:
+            StreamingError: The pull failed, and the server did not lose the sender.
+        """
+        stop = threading.Event()
+        if self.stopped.is_set():
+            stop.set()
+        self._pulling = (str(sender), stop)
+        try:
+            limits = limits_after(self._model_bytes, f"round {current_round + 1}'s model from {sender}")
+            data = self.codec.decode(payload, sender=sender, stop=stop, **limits)
+        except Exception:
+            if self.stopped.is_set() or sender is None or not self._lost_soon(sender):
+                raise
+            log.warning("round %d's model not received: the server lost its sender %s", current_round + 1, sender)
+            if self.roles.untake(current_round) and aggr == self.site:
+                self._intake.abandon(current_round)
+            self._report_round(phase="idle")
+            return None
+        finally:
+            self._pulling = None
+        self._model_bytes = payload_bytes(data)
+        return data
+
+    def _lost_soon(self, sender: str) -> bool:
+        """Whether the server says ``sender`` is lost, now or within the time it takes it to judge a
+        dead client (the heartbeat timeout and three status intervals)."""
+        interval_s = float(self.config.get("status_interval", DEFAULT_STATUS_INTERVAL_S))
+        deadline = time.monotonic() + self.cell.settings.heartbeat_timeout_s + 3 * interval_s
+        while not self.stopped.is_set():
+            if owner_among(sender, sorted(self.roles.lost)):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            self.stopped.wait(0.2)
+        return False
 
     def _train_after_peers(self, data: Shareable, served: list[str]) -> Shareable:
         """This client's own round model, once the peers have pulled theirs from the same tensors.

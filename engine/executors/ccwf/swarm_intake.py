@@ -412,10 +412,18 @@ class ResultIntake:
             )
 
     def end(self, entry: RoundGathering) -> None:
-        """Forget a round that is over (aggregated or failed); its trainers may free their results."""
+        """Forget a round that is over (aggregated, failed or abandoned); its trainers may free their results."""
         self.release_round(entry)
         with self._rounds_lock:
-            self._rounds.pop(entry.number, None)
+            if self._rounds.get(entry.number) is entry:
+                del self._rounds[entry.number]
+
+    def abandon(self, current_round: int) -> None:
+        """Give up round ``current_round`` (its model never arrived whole): it may be made anew later."""
+        with self._rounds_lock:
+            entry = self._rounds.pop(current_round, None)
+        if entry is not None:
+            entry.abandon()
 
     def _rebuild_if_tainted(self, entry: RoundGathering, minimum: int) -> None:
         """Close the round's sums; if a result failed after some of it was folded, make them again without it.

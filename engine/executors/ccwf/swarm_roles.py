@@ -75,6 +75,8 @@ class SwarmRoles:
     _last_aggr: str = dataclasses.field(default="", init=False)
     _last_sender: str = dataclasses.field(default="", init=False)  # the site that sent that round's model
     _replays: int = dataclasses.field(default=0, init=False)  # of that round
+    #: (round, aggr, sender, replays) of the round taken before the last (`untake` goes back to it)
+    _before: tuple[int | None, str, str, int] = dataclasses.field(default=(None, "", "", 0), init=False)
     _final_taken: bool = dataclasses.field(default=False, init=False)
     _lost: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
@@ -126,11 +128,15 @@ class SwarmRoles:
         """
         if not isinstance(sites, list) or not all(isinstance(site, str) for site in sites):
             raise ValueError(f"lost clients: expected a list of client names, got {sites!r}"[:300])
-        known = {*self.train_clients, *self.aggr_clients, *self.result_clients} - {self.site}
         with self._lock:
-            new = sorted((set(sites) & known) - self._lost)
+            new = sorted(set(self.in_swarm(sites)) - {self.site} - self._lost)
             self._lost = self._lost | set(new)
         return new
+
+    def in_swarm(self, sites: Sequence[str]) -> list[str]:
+        """``sites`` that have a role in the swarm (the server's participants may include others)."""
+        known = {*self.train_clients, *self.aggr_clients, *self.result_clients}
+        return [site for site in sites if site in known]
 
     @property
     def final_taken(self) -> bool:
@@ -218,7 +224,22 @@ class SwarmRoles:
 
     def _took(self, current_round: int, aggr: str, sender: str) -> None:
         """Record a round's model taken (called with the lock held)."""
+        self._before = (self._last_round, self._last_aggr, self._last_sender, self._replays)
         self._last_round, self._last_aggr, self._last_sender, self._replays = current_round, aggr, sender, 0
+
+    def untake(self, current_round: int) -> bool:
+        """Forget round ``current_round``'s model, taken last but never received whole (its sender was
+        lost as it was pulled): this client is back at the round before, which may be played again.
+
+        Returns:
+            False when round ``current_round`` is not the last one taken (nothing changed).
+        """
+        with self._lock:
+            if self._last_round != current_round:
+                return False
+            self._last_round, self._last_aggr, self._last_sender, self._replays = self._before
+            self._before = (None, "", "", 0)
+            return True
 
     def _replay_refusal(self, sender: str, current_round: int, aggr: str) -> str | None:
         """Why round ``current_round``'s model sent again is refused (called with the lock held).

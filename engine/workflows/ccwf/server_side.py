@@ -121,14 +121,17 @@ class ServerSideController(Controller):
         latest_round: int,
         rounds_done: set[int],
         participants: list[str],
+        gone: set[str],
     ) -> str | None:
         """Why losing ``site`` ends the workflow unless `recover_from_loss` can; None (the default): it goes on.
 
         Asked once the other clients had time to report past it (see `_follow`), and only if it
         has not come back: it is lost for good, and what it reports is ignored from then on.
-        ``reports``: every participant's latest report (``site``'s too, those of clients lost for
-        good before it not); ``latest_round``: the latest round any of them reported;
-        ``rounds_done``: the rounds an aggregation client reported done.
+        ``reports``: the latest report of every participant not lost for good before this pass
+        (``site``'s too); ``latest_round``: the latest round any other client reported, or an
+        aggregation client reported done (what ``site`` alone claims is not counted);
+        ``rounds_done``: the rounds an aggregation client reported done; ``gone``: every
+        client lost for good, ``site`` too.
         """
         return None
 
@@ -248,6 +251,7 @@ class ServerSideController(Controller):
         untrusted_done: set[str] = set()
         gone: set[str] = set()  # lost sites judged: lost for good, what they report is ignored
         played_again: set[int] = set()  # rounds a recovery plays again: their next "done" is reported anew
+        harmless: dict[str, tuple[str, WorkflowStatus | None]] = {}  # gone, loss not fatal yet -> (why, last report)
         needed = self.min_clients or len(participants)
         while not self.abort_signal.wait(STATUS_CHECK_INTERVAL_S):
             now = time.monotonic()
@@ -331,18 +335,17 @@ class ServerSideController(Controller):
             if judged:
                 gone.update(judged)
                 self.clients_lost(sorted(gone), participants)  # first: the clients left stop taking from them
-            for site, why in judged.items():
-                reason = self.loss_ends_workflow(site, statuses, latest_round, rounds_seen, participants)
-                if not reason:
-                    continue
-                try:
-                    done = self.recover_from_loss(site, statuses, latest_round, gone)
-                except WorkflowError as e:
-                    raise WorkflowError(f"{site} is lost ({why}), and {reason}; {e}") from e
-                rounds_seen.discard(latest_round)  # a round it had finished is played again too
-                played_again.add(latest_round)
-                self.context.report("workflow_note", message=f"{site} {why} and {reason}: {done}")
-                log.warning("workflow recovered from a loss site=%s: %s", site, done)
+                # Their loss is judged now, and again at every look while it costs nothing yet: a
+                # round's model pulled from one of them when it died is given up by its receivers,
+                # who report the round before again (see `loss_ends_workflow`).
+                harmless.update({site: (why, statuses.get(site)) for site in judged})
+            for site, (why, last) in list(harmless.items()):
+                with_it = statuses if last is None else {**statuses, site: last}
+                again = self._judge_loss(site, why, with_it, rounds_seen, participants, gone)
+                if again is not None:
+                    del harmless[site]
+                    rounds_seen.discard(again)  # a round it had finished is played again too
+                    played_again.add(again)
             if len(participants) - len(lost) < needed:
                 raise WorkflowError(
                     f"too few clients left: {', '.join(sorted(lost))} lost (dead, or no status within "
@@ -358,6 +361,48 @@ class ServerSideController(Controller):
                     f"no progress for {now - last_progress:.0f} s (progress_timeout={self.progress_timeout:g} s); "
                     f"last reports: {where or 'none'}"
                 )
+
+    def _judge_loss(
+        self,
+        site: str,
+        why: str,
+        reports: Mapping[str, WorkflowStatus],
+        rounds_done: set[int],
+        participants: list[str],
+        gone: set[str],
+    ) -> int | None:
+        """Judge the loss of ``site`` (lost for good: ``why``); the round played again after it, or
+        None when its loss costs nothing (yet).
+
+        Raises:
+            WorkflowError: Its loss ends the workflow: why, and why nothing could be done.
+        """
+        first, end = self.start_round, self.start_round + self.num_rounds
+        held = _latest_round_without(site, reports, rounds_done, first, end)
+        reason = self.loss_ends_workflow(site, reports, held, rounds_done, participants, gone)
+        if not reason:
+            return None
+        try:
+            done = self.recover_from_loss(site, reports, held, gone)
+        except WorkflowError as e:
+            raise WorkflowError(f"{site} is lost ({why}), and {reason}; {e}") from e
+        self.context.report("workflow_note", message=f"{site} {why} and {reason}: {done}")
+        log.warning("workflow recovered from a loss site=%s: %s", site, done)
+        return held
+
+
+def _latest_round_without(
+    site: str, statuses: Mapping[str, WorkflowStatus], rounds_done: set[int], first: int, end: int
+) -> int:
+    """The latest round of the workflow that a client other than ``site`` reported working on, or
+    that an aggregation client reported done (-1 when none): a lost site's own claims do not move
+    the round its loss is judged by."""
+    rounds = [
+        status.round
+        for other, status in statuses.items()
+        if other != site and isinstance(status.round, int) and first <= status.round < end
+    ]
+    return max([*rounds, *rounds_done], default=-1)
 
 
 def clients_among(name: str, chosen: list[str] | None, participants: list[str]) -> list[str]:

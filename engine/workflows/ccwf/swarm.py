@@ -104,6 +104,7 @@ class SwarmServerController(ServerSideController):
         latest_round: int,
         rounds_done: set[int],
         participants: list[str],
+        gone: set[str],
     ) -> str | None:
         """A round's aggregation client holds the round: lost before the swarm moved past it, it cannot go on.
 
@@ -130,7 +131,9 @@ class SwarmServerController(ServerSideController):
             return None  # another client finished the round
         if not self._is_last(latest_round):
             return f"it aggregated round {shown} (as {by} reported) and was the only client with its next round"
-        holders, missing = self._final_holders(reports, site, participants)
+        holders, missing = self._final_holders(reports, site, [other for other in participants if other not in gone])
+        if not holders and not missing:
+            return f"it aggregated the last round (as {by} reported), and no result client is left"
         if not missing:
             return None  # every result client left has the final model: the swarm is done
         if holders:
@@ -183,10 +186,14 @@ class SwarmServerController(ServerSideController):
         """
         if self._replays >= MAX_ROUND_REPLAYS:
             raise WorkflowError(f"{self._replays} rounds were played again already (at most {MAX_ROUND_REPLAYS})")
-        if self._is_last(latest_round) and self._final_holders(reports, site, list(reports))[0]:
-            # A result client that saved it would not take another (and its persistor's last saved
-            # model is no longer the round's): a final model made again would differ from site to site.
-            raise WorkflowError("a final model that some result clients saved cannot be made again")
+        if self._is_last(latest_round):
+            holders, missing = self._final_holders(reports, site, [other for other in reports if other not in lost])
+            if holders:
+                # A result client that saved it would not take another (and its persistor's last saved
+                # model is no longer the round's): a final model made again would differ from site to site.
+                raise WorkflowError("a final model that some result clients saved cannot be made again")
+            if not missing:
+                raise WorkflowError("the final model would go to nobody")
         trusted = self.aggr_clients if self.aggr_clients is not None else list(reports)
         sender = (
             self.starter if latest_round == self.start_round else _aggregator_of(reports, latest_round - 1, trusted)

@@ -186,6 +186,41 @@ def test_an_aggregation_client_lost_with_the_next_rounds_model_costs_the_round_i
         assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
 
 
+def test_an_aggregation_client_dying_as_its_next_rounds_model_is_pulled_costs_the_round_it_finished(
+    simulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """site-2 aggregates round 2 and dies while site-1 and site-3 pull round 3's model from it
+    (16 MiB in 16 KiB chunks: its 1500th chunk served is one of those): told by the server that
+    site-2 is lost, both give round 3 up and report round 2 again, which site-1 sends again; site-3
+    plays rounds 2 and 3 with site-1, and the job completes with the model of the rounds that counted."""
+    monkeypatch.setenv(FAULT_POINT_ENV, "site-2/chunk_served@1500")
+    job = make_swarm_job(
+        tmp_path,
+        num_rounds=3,
+        swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
+        controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 30},
+        **BIG,
+    )
+    initial = initial_model(job, 1, 2048)
+
+    result, output = simulate(job)
+
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    for site in ("site-1", "site-3"):
+        log_text = (tmp_path / "workspace" / site / "log.txt").read_text()
+        assert "round 3's model not received: the server lost its sender site-2" in log_text
+    assert "and was the only client with its next round: site-1 sent round 2's model again" in output
+    rounds = read_json(tmp_path / "workspace" / "summary.json")["rounds"]
+    assert [(entry["round"], entry["aggregator"], entry["clients"]) for entry in rounds] == [
+        (1, "site-1", SITES),
+        (2, "site-3", ["site-1", "site-3"]),
+        (3, "site-3", ["site-1", "site-3"]),
+    ]
+    deltas = [expected_delta(3, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
+    for site in ("site-1", "site-3"):
+        assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
+
+
 def test_a_last_aggregation_client_lost_once_every_result_client_saved_the_final_model_ends_the_swarm_done(
     simulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,7 +24,7 @@ from engine import fobs
 from engine.aggregators import DXOAggregator, ResultRules, folding
 from engine.cells import Cell, CellSettings, Message
 from engine.errors import WorkflowError
-from engine.executors.ccwf.gathering import RoundGathering
+from engine.executors.ccwf.gathering import LOST, RoundGathering
 from engine.executors.ccwf.swarm_intake import HELD_KEY, ResultIntake, RoundFold
 from engine.model import DXO, DataKind, ReturnCode, Shareable, register_model_types
 from engine.model.ccwf import CCWF_CHANNEL
@@ -488,3 +488,26 @@ def test_only_the_default_weighted_mean_is_folded(swarm: Swarm, aggregator: DXOA
     assert isinstance(intake.round(0, lambda _entry: None).fold, RoundFold) is folds
     intake.shutdown()
     on_disk.shutdown()
+
+
+def test_an_abandoned_round_is_made_anew_and_its_old_gathering_ending_late_forgets_only_itself(swarm: Swarm) -> None:
+    intake = ResultIntake(swarm.codecs["site-1"], DXOAggregator(), ResultRules(), SITES, 1, False, "x")
+    old = intake.round(2, lambda _entry: None)
+
+    intake.abandon(2)
+    new = intake.round(2, lambda _entry: None)
+    intake.end(old)  # its gathering thread ends after the new round was made
+
+    assert old.abandoned and old.pulls_stop.is_set() and new is not old
+    assert intake.round(2, lambda _entry: None) is new
+
+
+def test_a_lost_trainer_fails_the_open_rounds_and_those_to_come(swarm: Swarm) -> None:
+    intake = ResultIntake(swarm.codecs["site-1"], DXOAggregator(), ResultRules(), SITES, 1, False, "x")
+    open_round = intake.round(0, lambda _entry: None)
+
+    intake.lose([SITES[1]])
+
+    assert open_round.failed == {SITES[1]: LOST}
+    assert intake.round(1, lambda _entry: None).failed == {SITES[1]: LOST}
+    intake.shutdown()

@@ -238,3 +238,27 @@ def test_a_last_round_played_again_brings_its_final_model_again_from_its_new_agg
     assert "it is not the last round's aggregation client (site-1)" in client.final_refusal("site-2", {"round": 0})
     assert client.final_refusal("site-1", {"round": 0}) is None
     assert "site-3 already took the final model" in client.final_refusal("site-1", {"round": 0})
+
+
+def test_a_round_whose_model_never_came_whole_is_given_up_and_the_round_before_may_be_played_again() -> None:
+    three = ["site-1", "site-2", "site-3"]
+    client = roles("site-3", train_clients=three, aggr_clients=three)
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-2"}) is None
+    assert client.learn_refusal("site-2", {"round": 1, "aggr": "site-3"}) is None  # then site-2 dies
+
+    assert client.untake(0) is False  # not the last round taken
+    assert client.untake(1) is True
+    assert (client.last_round, client.aggr_of(0)) == (0, "site-2")
+    # Round 1 played again by its first sender, without site-2; round 2 again from its aggregation client.
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-3", REPLAY_KEY: ["site-2"]}) is None
+    assert client.learn_refusal("site-3.x", {"round": 1, "aggr": "site-1"}) is None
+    assert client.in_swarm(["site-9", "site-2"]) == ["site-2"]
+
+
+def test_an_abandoned_round_stops_waiting_for_its_results_and_its_pulls() -> None:
+    gathering = RoundGathering(2, ["site-1", "site-2"])
+    threading.Timer(0.2, gathering.abandon).start()
+    started = time.monotonic()
+
+    assert gathering.wait_done(1, 60.0, 60.0, threading.Event()) is False
+    assert time.monotonic() - started < 5 and gathering.pulls_stop.is_set()

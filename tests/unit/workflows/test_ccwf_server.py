@@ -337,6 +337,68 @@ def test_a_round_finished_by_a_lost_client_whose_next_model_reached_someone_or_f
     assert finish(thread) == []
 
 
+def test_the_final_model_with_every_result_client_left_ends_the_swarm_done_though_one_was_lost_before(start) -> None:
+    clients, thread, report, keep_reporting = swarm_to_follow(start, num_rounds=2)
+    clients.dead.add("site-3")  # a result client, lost for good first
+    keep_reporting(2.5, 1, "site-2", **{"site-1": "training", "site-2": "aggregating"})
+    clients.status("site-2", round=1, aggr="site-2", phase="idle", progress=9, rounds_done=LAST_ROUND_DONE)
+    clients.dead.add("site-2")
+    keep_reporting(6.0, 1, "site-2", **{"site-1": "done"})
+
+    assert finish(thread) == []
+    notes = [fields["message"] for event, fields in clients.events if event == "workflow_note"]
+    assert "swarm done: the final model is with every result client left (site-1)" in notes, notes
+
+
+def test_a_round_whose_next_model_its_receivers_give_up_after_its_sender_is_lost_is_played_again(start) -> None:
+    """site-2 reported round 2 done and died as site-1 and site-3 pulled round 3's model from it:
+    judged, its loss costs nothing (they report round 3); once they give round 3 up and report
+    round 2 again, site-1 is told to send round 2's model again."""
+    clients, thread, report, keep_reporting = swarm_to_follow(start)
+    round_1 = [{"round": 0, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-1"}]
+    round_2 = [{"round": 1, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-2"}]
+    clients.status("site-2", round=2, aggr="site-2", phase="receiving", progress=9, rounds_done=round_2)
+    clients.dead.add("site-2")
+    keep_reporting(3.0, 2, "site-1", **{"site-1": "receiving", "site-3": "receiving"})
+    assert thread.is_alive() and next_task_but_lost(clients.queue, "site-1") is None
+
+    replay = None
+    deadline = time.monotonic() + 3
+    while replay is None and time.monotonic() < deadline:
+        clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=12, rounds_done=round_1)
+        report(1, "site-2", **{"site-3": "idle"})
+        replay = next_task_but_lost(clients.queue, "site-1")
+        time.sleep(0.1)
+
+    assert replay is not None and replay.task_name == "swarm_replay" and replay.data["round"] == 1
+    clients.queue.submit("site-1", replay.task_id, make_reply(ReturnCode.OK))
+    clients.status("site-1", round=3, aggr="site-1", phase="done", progress=20, all_done=True)
+    assert finish(thread) == []
+
+
+def test_a_lost_clients_own_report_of_a_later_round_does_not_move_the_round_its_loss_is_judged_by(start) -> None:
+    """site-2 aggregated round 2 and sent round 3's model to itself first (it aggregates round 3
+    too: site-1's turn was skipped), then died: the others still report round 2, so round 2 is
+    played again."""
+    clients, thread, report, keep_reporting = swarm_to_follow(start)
+    round_1 = [{"round": 0, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-1"}]
+    round_2 = [{"round": 1, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-2"}]
+    clients.status("site-2", round=2, aggr="site-2", phase="aggregating", progress=9, rounds_done=round_2)
+    clients.dead.add("site-2")
+    replay = None
+    deadline = time.monotonic() + 6
+    while replay is None and time.monotonic() < deadline:
+        clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=6, rounds_done=round_1)
+        report(1, "site-2", **{"site-3": "idle"})
+        replay = next_task_but_lost(clients.queue, "site-1")
+        time.sleep(0.1)
+
+    assert replay is not None and replay.data["round"] == 1
+    clients.queue.submit("site-1", replay.task_id, make_reply(ReturnCode.OK))
+    clients.status("site-1", round=3, aggr="site-1", phase="done", progress=20, all_done=True)
+    assert finish(thread) == []
+
+
 def test_the_clients_left_are_told_whom_the_swarm_lost_once_it_is_judged(start) -> None:
     clients, thread, report, keep_reporting = swarm_to_follow(start)
     queue = clients.queue
