@@ -115,6 +115,17 @@ class StreamingContext:
     held: list[HeldDownload] | None = field(default=None, compare=False)
     stop: threading.Event | None = field(default=None, compare=False)
 
+    @property
+    def sending_service(self) -> DownloadService:
+        """``service``, which a side that offers tensors to its peers has.
+
+        Raises:
+            RuntimeError: This side has none (it only receives).
+        """
+        if self.service is None:
+            raise RuntimeError("this side has no download service: it only receives")
+        return self.service
+
     def __post_init__(self) -> None:
         if self.transaction_timeout_s is None:
             object.__setattr__(self, "transaction_timeout_s", self.per_request_timeout_s + self.retry.window_s())

@@ -44,6 +44,7 @@ ALLOWED = {
         "client",
         "aggregators",
         "persistors",
+        "fault_points",
     },  # fmt: skip
     "runtime": {
         "errors",

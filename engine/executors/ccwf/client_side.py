@@ -106,9 +106,14 @@ class ClientSideController(Executor):
         """A server task other than config and start."""
         return failed(ReturnCode.TASK_UNKNOWN, f"{type(self).__name__} has no task {name!r}")
 
+    #: Phases a client stays in once it reached them (its later phase changes are not reported).
+    final_phases: frozenset[str] = frozenset()
+
     def update_status(self, **changes: Any) -> None:
         """Change the status (one step of progress) and report it now."""
         with self._status_lock:
+            if self.status.phase in self.final_phases:
+                changes.pop("phase", None)
             for key, value in changes.items():
                 setattr(self.status, key, value)
             self.status.progress += 1

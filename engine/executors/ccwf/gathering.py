@@ -60,7 +60,13 @@ class RoundGathering:
         """The round's model once it is here; None if it is not within ``timeout_s``, or ``stop`` is set."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
-            while self.base is None and not self.closed and not stop.is_set() and time.monotonic() < deadline:
+            while (
+                self.base is None
+                and not self.closed
+                and not self.abandoned
+                and not stop.is_set()
+                and time.monotonic() < deadline
+            ):
                 self._changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
             return self.base
 

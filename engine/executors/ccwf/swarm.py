@@ -47,7 +47,6 @@ from engine.model.quantize import quantized_copy
 from engine.paths import JobPaths
 from engine.persistors import ModelPersistor
 from engine.streaming.lazy import cleanup_lazy_refs
-from engine.streaming.service import DownloadService
 from engine.streaming.transactions import LONGEST_WAIT_S
 
 log = logging.getLogger(__name__)
@@ -57,6 +56,9 @@ SWARM_PREFIX = "swarm"
 #: Peer topics (after ``<prefix>_``): the round's model to a trainer or the aggregation client,
 #: a trainer's result to the aggregation client, the final model to a result client.
 LEARN, RESULT, FINAL = "learn", "result", "final"
+#: Seconds a client that gave a round up (its model's sender was lost as it pulled it) waits for
+#: the round before to be played again, before it ends the job.
+REPLAY_WAIT_S = 120.0
 #: Default bound on a round at its aggregation client, in seconds.
 DEFAULT_LEARN_TASK_TIMEOUT_S = 3600.0
 
@@ -104,6 +106,8 @@ class SwarmClientController(ClientSideController):
             decoded values). A client's own model and result are used exactly, and the final
             model goes to the result clients exactly. None (the default): everything exact.
     """
+
+    final_phases = frozenset({"done"})  # the final model is saved: a learner's later phase does not undo it
 
     def __init__(
         self,
@@ -173,6 +177,9 @@ class SwarmClientController(ClientSideController):
         #: The sender of the round's model the learner pulls now, and what stops that pull (set when
         #: the server loses the sender, or the job ends).
         self._pulling: tuple[str, threading.Event] | None = None
+        #: After a round given up (`_receive`): the round before, which the server should have
+        #: played again, and until when this client waits for it.
+        self._awaiting_replay: tuple[int, float] | None = None
 
     def use_job_paths(self, paths: JobPaths) -> None:
         """Check ``download_to_disk_dir`` (when downloads go to disk) against the folders the site allows.
@@ -319,12 +326,6 @@ class SwarmClientController(ClientSideController):
         """``data`` as it leaves this client: its params marked to travel quantized when ``quantize`` says so."""
         return data if self.quantize is None else quantized_copy(data, self.quantize)
 
-    @property
-    def _service(self) -> DownloadService:
-        service = self.codec.context.service
-        assert service is not None
-        return service
-
     # ----------------------------------------------------------------- receiving a round
 
     def _on_learn(self, message: Message) -> Reply:
@@ -351,25 +352,21 @@ class SwarmClientController(ClientSideController):
         self._report_round()
         self._inbox.put((header, payload, served, sender))
 
-    def update_status(self, **changes: Any) -> None:
-        """Change the status and report it; a client that saved the final model stays ``done``."""
-        if self.status.phase == "done":
-            changes.pop("phase", None)
-        super().update_status(**changes)
-
     def _report_round(self, **changes: Any) -> None:
         """Report the latest round whose model this client took, and its aggregation client (as the
         roles have them now: a later call never reports an older round, save after `SwarmRoles.untake`)."""
         with self._status_round_lock:
-            latest = self.roles.last_round
-            self.update_status(round=latest, aggr=self.roles.aggr_of(latest) or "", **changes)
+            latest, aggr = self.roles.latest
+            self.update_status(round=latest, aggr=aggr, **changes)
 
     def _learn_loop(self) -> None:
         while not self.stopped.is_set():
             try:
                 header, payload, served, sender = self._inbox.get(timeout=0.2)
             except queue.Empty:
+                self._check_replay_came()
                 continue
+            self._awaiting_replay = None
             try:
                 self._learn(header, payload, served, sender)
             except Exception as e:
@@ -428,24 +425,45 @@ class SwarmClientController(ClientSideController):
             StreamingError: The pull failed, and the server did not lose the sender.
         """
         stop = threading.Event()
-        if self.stopped.is_set():
-            stop.set()
         self._pulling = (str(sender), stop)
+        # Looked at once published: a loss told (or the job ended) before is not missed.
+        if self.stopped.is_set() or owner_among(str(sender), sorted(self.roles.lost)):
+            stop.set()
         try:
             limits = limits_after(self._model_bytes, f"round {current_round + 1}'s model from {sender}")
             data = self.codec.decode(payload, sender=sender, stop=stop, **limits)
         except Exception:
             if self.stopped.is_set() or sender is None or not self._lost_soon(sender):
                 raise
+            if not self.roles.untake(current_round):  # no round before to go back to: nothing to play again
+                raise
             log.warning("round %d's model not received: the server lost its sender %s", current_round + 1, sender)
-            if self.roles.untake(current_round) and aggr == self.site:
+            if aggr == self.site:
                 self._intake.abandon(current_round)
+            self._awaiting_replay = (current_round - 1, time.monotonic() + REPLAY_WAIT_S)
             self._report_round(phase="idle")
             return None
         finally:
             self._pulling = None
         self._model_bytes = payload_bytes(data)
         return data
+
+    def _check_replay_came(self) -> None:
+        """End the job when a round given up was not followed, in time, by the round before played again.
+
+        The server plays it again only when every client reporting the round gave it up; one that
+        pulled the model whole goes on with it, and this client, back a round, could take no later
+        round: it ends the job with the reason instead of waiting for ever.
+        """
+        awaiting = self._awaiting_replay
+        if awaiting is None or time.monotonic() < awaiting[1]:
+            return
+        self._awaiting_replay = None
+        before = shown_round(awaiting[0])
+        self.update_status(
+            error=f"{self.site} could not receive round {shown_round(awaiting[0] + 1)}'s model (its sender was "
+            f"lost), and round {before} was not played again within {REPLAY_WAIT_S:g} s"
+        )
 
     def _lost_soon(self, sender: str) -> bool:
         """Whether the server says ``sender`` is lost, now or within the time it takes it to judge a
@@ -470,7 +488,7 @@ class SwarmClientController(ClientSideController):
         """
         self.update_status(phase="serving")
         idle_limit_s = max(self.learn_task_ack_timeout, 1.0)
-        if self._service.wait_finished(served, idle_limit_s, self.stopped):
+        if self.codec.context.sending_service.wait_finished(served, idle_limit_s, self.stopped):
             return data
         log.warning(
             "peers did not finish pulling the round's model (no request for %.0f s, or %.0f s in all); training a copy",

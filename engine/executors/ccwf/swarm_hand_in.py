@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.cells import Cell
 from engine.cells.retry import Absence
 from engine.errors import CellError, CellRemoteError, CellUnreachableError
 from engine.executors.ccwf.swarm_intake import HELD_KEY
@@ -25,7 +24,6 @@ from engine.executors.ccwf.swarm_roles import SwarmRoles
 from engine.model import ReturnCode, Shareable
 from engine.model.ccwf import CCWF_CHANNEL
 from engine.streaming.codec import MessageCodec
-from engine.streaming.service import DownloadService
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +61,8 @@ class ResultHandIn:
         self.interval_s = interval_s
         self.max_wait_s = max_wait_s
         self.stopped = stopped
-        self._held: list[tuple[int, list[str]]] = []  # (round, offers) the aggregation clients may pull again
-
-    @property
-    def cell(self) -> Cell:
-        return self.codec.context.cell
-
-    @property
-    def service(self) -> DownloadService:
-        service = self.codec.context.service
-        assert service is not None
-        return service
+        # (round, offers) the aggregation clients may pull again; the learner thread alone uses it
+        self._held: list[tuple[int, list[str]]] = []
 
     def submit(self, aggr: str, current_round: int, result: Shareable) -> None:
         """Offer the result of round ``current_round`` to ``aggr``; return once it is taken, refused or dropped.
@@ -83,22 +72,23 @@ class ResultHandIn:
                 heartbeats: the round cannot be aggregated, and the swarm ends with the reason
                 instead of waiting.
         """
+        cell, service = self.codec.context.cell, self.codec.context.sending_service
         offers: list[str] = []
         frames = self.codec.encode(self.outgoing(result), receivers=[aggr], offers=offers)
         header = {"round": current_round, "ok": result.get_return_code() is ReturnCode.OK}
         deadline = time.monotonic() + self.max_wait_s
-        away = Absence(self.cell.settings.heartbeat_timeout_s)
+        away = Absence(cell.settings.heartbeat_timeout_s)
         while not self.stopped.is_set():
             moved = self.roles.aggr_of(current_round) not in (aggr, None)  # the round was played again
             if moved or aggr in self.roles.lost:
                 why = "the round went to another" if moved else "the server lost it"
                 log.warning("round %d: result for %s not handed in: %s", current_round + 1, aggr, why)
-                self.service.drop(offers)
+                service.drop(offers)
                 return
             try:
-                reply = self.cell.request(aggr, CCWF_CHANNEL, self.topic, header, frames, self.msg_timeout_s)
+                reply = cell.request(aggr, CCWF_CHANNEL, self.topic, header, frames, self.msg_timeout_s)
                 if reply.header.get(HELD_KEY) is True:
-                    self.service.hold(offers)
+                    service.hold(offers)
                     self._held.append((current_round, offers))
                 return
             except CellRemoteError as e:  # taken and refused (the round closed): nothing to retry
@@ -107,7 +97,7 @@ class ResultHandIn:
             except CellError as e:
                 now = time.monotonic()
                 gone = ""
-                if not isinstance(e, CellUnreachableError) or not self.cell.connected:
+                if not isinstance(e, CellUnreachableError) or not cell.connected:
                     away.heard()  # it is there, only slow; or this site's own link is down
                 elif (away_s := away.unreachable(now)) > away.limit_s:
                     gone = f"unreachable for {away_s:.1f} s, more than the heartbeat timeout of {away.limit_s:g} s"
@@ -116,7 +106,7 @@ class ResultHandIn:
                     # without the aggregation client: the result is not wanted any more.
                     why = gone and f"aggregation client {aggr} is gone ({gone})"
                     log.warning("round %d: result not handed in: %s", current_round + 1, why or "the swarm is past it")
-                    self.service.drop(offers)
+                    service.drop(offers)
                     return
                 if now > deadline:
                     raise RuntimeError(
@@ -132,4 +122,4 @@ class ResultHandIn:
         ended = [offers for number, offers in self._held if number <= current_round]
         self._held = [(number, offers) for number, offers in self._held if number > current_round]
         for offers in ended:
-            self.service.drop(offers)
+            self.codec.context.sending_service.drop(offers)

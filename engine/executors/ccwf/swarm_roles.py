@@ -106,6 +106,14 @@ class SwarmRoles:
         with self._lock:
             return self.start_round - 1 if self._last_round is None else self._last_round
 
+    @property
+    def latest(self) -> tuple[int, str]:
+        """`last_round` and its aggregation client ("" before the first), read together."""
+        with self._lock:
+            if self._last_round is None:
+                return self.start_round - 1, ""
+            return self._last_round, self._last_aggr
+
     def aggr_of(self, current_round: int) -> str | None:
         """Round ``current_round``'s aggregation client as this client last heard (None: not its latest round)."""
         with self._lock:
@@ -232,11 +240,12 @@ class SwarmRoles:
         lost as it was pulled): this client is back at the round before, which may be played again.
 
         Returns:
-            False when round ``current_round`` is not the last one taken (nothing changed).
+            False (nothing changed) when round ``current_round`` is not the last one taken, or no
+            round was taken before it since the last `untake`.
         """
         with self._lock:
-            if self._last_round != current_round:
-                return False
+            if self._last_round != current_round or self._before[0] is None:
+                return False  # not the last round taken, or none before it (or given up once already)
             self._last_round, self._last_aggr, self._last_sender, self._replays = self._before
             self._before = (None, "", "", 0)
             return True

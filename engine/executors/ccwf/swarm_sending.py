@@ -12,14 +12,12 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Any
 
-from engine.cells import Cell
 from engine.errors import CellError
 from engine.executors.ccwf.swarm_roles import AGGR_KEY, REPLAY_KEY, ROUND_KEY, SwarmRoles
 from engine.fault_points import fault_point
 from engine.model import Shareable, shown_round
 from engine.model.ccwf import CCWF_CHANNEL, rotate
 from engine.streaming.codec import MessageCodec
-from engine.streaming.service import DownloadService
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +54,6 @@ class RoundSender:
         self.ack_timeout_s = ack_timeout_s
         self.accept_own = accept_own
 
-    @property
-    def cell(self) -> Cell:
-        return self.codec.context.cell
-
-    @property
-    def service(self) -> DownloadService:
-        service = self.codec.context.service
-        assert service is not None
-        return service
-
     def send(self, current_round: int, data: Shareable, lost: Collection[str] | None = None) -> None:
         """Send ``data`` as round ``current_round``'s model.
 
@@ -75,7 +63,7 @@ class RoundSender:
         Raises:
             RuntimeError: No aggregation client took it (or every one is lost).
         """
-        site = self.roles.site
+        site, service = self.roles.site, self.codec.context.sending_service
         skipped = {*(lost or ()), *self.roles.lost}
         trainers = [trainer for trainer in self.roles.train_clients if trainer not in skipped]
         unreachable: list[str] = []
@@ -91,7 +79,7 @@ class RoundSender:
             if self._deliver(aggr, header, data, frames, offers):
                 break
             unreachable.append(aggr)
-            self.service.drop_receiver(offers, aggr)
+            service.drop_receiver(offers, aggr)
         else:
             if not candidates:
                 raise RuntimeError(f"round {current_round + 1}: every aggregation client is lost")
@@ -102,7 +90,7 @@ class RoundSender:
         for trainer in trainers:
             if trainer != aggr and not self._deliver(trainer, header, data, frames, offers):
                 unreachable.append(trainer)
-                self.service.drop_receiver(offers, trainer)
+                service.drop_receiver(offers, trainer)
         if unreachable:
             log.warning("round %d: not delivered to %s", current_round + 1, ", ".join(unreachable))
         log.info("round started round=%d aggr=%s trainers=%s", current_round + 1, aggr, trainers)
@@ -115,7 +103,9 @@ class RoundSender:
             self.accept_own(header, data, offers)
             return True
         try:
-            self.cell.request(receiver, CCWF_CHANNEL, self.topic, header, frames, timeout_s=self.ack_timeout_s)
+            self.codec.context.cell.request(
+                receiver, CCWF_CHANNEL, self.topic, header, frames, timeout_s=self.ack_timeout_s
+            )
             return True
         except CellError as e:
             log.warning("round %s not taken by %s: %s", shown_round(header[ROUND_KEY]), receiver, e)

@@ -251,7 +251,8 @@ class ServerSideController(Controller):
         untrusted_done: set[str] = set()
         gone: set[str] = set()  # lost sites judged: lost for good, what they report is ignored
         played_again: set[int] = set()  # rounds a recovery plays again: their next "done" is reported anew
-        harmless: dict[str, tuple[str, WorkflowStatus | None]] = {}  # gone, loss not fatal yet -> (why, last report)
+        # gone, their loss not fatal yet -> (why, last report, latest round when judged)
+        harmless: dict[str, tuple[str, WorkflowStatus | None, int]] = {}
         needed = self.min_clients or len(participants)
         while not self.abort_signal.wait(STATUS_CHECK_INTERVAL_S):
             now = time.monotonic()
@@ -335,11 +336,14 @@ class ServerSideController(Controller):
             if judged:
                 gone.update(judged)
                 self.clients_lost(sorted(gone), participants)  # first: the clients left stop taking from them
-                # Their loss is judged now, and again at every look while it costs nothing yet: a
-                # round's model pulled from one of them when it died is given up by its receivers,
-                # who report the round before again (see `loss_ends_workflow`).
-                harmless.update({site: (why, statuses.get(site)) for site in judged})
-            for site, (why, last) in list(harmless.items()):
+                # Their loss is judged now, and again at every look while it costs nothing yet (for
+                # two rounds): a round's model pulled from one of them when it died is given up by
+                # its receivers, who report the round before again (see `loss_ends_workflow`).
+                harmless.update({site: (why, statuses.get(site), latest_round) for site in judged})
+            for site, (why, last, judged_at) in list(harmless.items()):
+                if latest_round > judged_at + 1:  # two rounds on: what it held is long past
+                    del harmless[site]
+                    continue
                 with_it = statuses if last is None else {**statuses, site: last}
                 again = self._judge_loss(site, why, with_it, rounds_seen, participants, gone)
                 if again is not None:

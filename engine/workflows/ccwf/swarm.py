@@ -78,6 +78,7 @@ class SwarmServerController(ServerSideController):
             min_clients=min_clients,
         )
         self._replays = 0
+        self._replaying: dict[int, str] = {}  # round played again -> the client told to send its model
         self.result_clients = list(result_clients) if result_clients is not None else None
         self.aggr_clients = list(aggr_clients) if aggr_clients else None
         self.train_clients = list(train_clients) if train_clients else None
@@ -115,6 +116,10 @@ class SwarmServerController(ServerSideController):
         round done, while no client reports a later round, it held the next round's model (or the
         final model, not yet with every result client) and nobody else has it.
         """
+        shown = shown_round(latest_round)
+        others = [status for other, status in reports.items() if other != site and status.round == latest_round]
+        if self._replaying.get(latest_round) == site and others and all(status.aggr in gone for status in others):
+            return f"it was sending round {shown}'s model again, which no client took from it yet"
         if site not in clients_among("aggr_clients", self.aggr_clients, participants):
             return None
         named = {
@@ -123,7 +128,7 @@ class SwarmServerController(ServerSideController):
         named_by = sorted(other for other, aggr in named.items() if aggr == site)
         if not named_by or len(named_by) != len(named):  # none, or they do not agree
             return None
-        shown, by = shown_round(latest_round), ", ".join(named_by)
+        by = ", ".join(named_by)
         if latest_round not in rounds_done:
             return f"it aggregates round {shown} (as {by} reported), which no other client can finish"
         own = reports.get(site)
@@ -207,6 +212,7 @@ class SwarmServerController(ServerSideController):
         if failures:
             raise WorkflowError(f"{sender} could not play round {shown_round(latest_round)} again: {failures[sender]}")
         self._replays += 1
+        self._replaying[latest_round] = sender
         return f"{sender} sent round {shown_round(latest_round)}'s model again, to another aggregation client"
 
     def clients_lost(self, lost: list[str], participants: list[str]) -> None:

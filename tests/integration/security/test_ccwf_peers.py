@@ -18,6 +18,7 @@ import torch
 from engine.aggregators import DXOAggregator
 from engine.cells import CellSettings, Message, Status
 from engine.executors.ccwf import CrossSiteEvalClientController, SwarmClientController
+from engine.executors.ccwf import swarm as swarm_module
 from engine.executors.ccwf.client_side import ClientSideController
 from engine.executors.executor import ExecutorContext
 from engine.model import DXO, DataKind, FLModel, ReturnCode, Shareable, model_from_shareable, shareable_from_model
@@ -384,3 +385,25 @@ def test_only_a_named_evaluator_gets_a_sites_model(network: Network) -> None:
     assert "site-3 holds no model 'local' to evaluate in this workflow" in stranger_owner.get_header("reason")
     assert not_an_evaluator.get_return_code() is ReturnCode.EXECUTION_EXCEPTION  # site-2 will not serve site-1
     assert "site-1 is not one of the evaluators (site-2)" in not_an_evaluator.get_header("reason")
+
+
+def test_a_client_that_gave_a_round_up_and_saw_the_round_before_not_played_again_ends_the_job(
+    network: Network, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """site-2 could not pull round 2's model (its sender was lost) and went back to round 1, which
+    the server should have had played again: when that does not come in time, it reports an error
+    (the job ends with it) instead of waiting for ever."""
+    sites = start_swarm(network)
+    controller = sites["site-2"].controller
+    assert controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-1"}) is None
+    assert controller.roles.untake(1) is True
+    monkeypatch.setattr(swarm_module, "REPLAY_WAIT_S", 0.3)
+    controller._awaiting_replay = (0, time.monotonic() + 0.3)  # as `_receive` leaves it
+
+    deadline = time.monotonic() + 5
+    while controller.status.error is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert controller.status.error == (
+        "site-2 could not receive round 2's model (its sender was lost), and round 1 was not played again within 0.3 s"
+    )

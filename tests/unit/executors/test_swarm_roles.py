@@ -262,3 +262,16 @@ def test_an_abandoned_round_stops_waiting_for_its_results_and_its_pulls() -> Non
 
     assert gathering.wait_done(1, 60.0, 60.0, threading.Event()) is False
     assert time.monotonic() - started < 5 and gathering.pulls_stop.is_set()
+
+
+def test_a_round_is_given_up_only_back_to_a_round_taken_before_it_and_once() -> None:
+    three = ["site-1", "site-2", "site-3"]
+    client = roles("site-3", train_clients=three, aggr_clients=three)
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-2"}) is None
+    assert client.untake(0) is False  # the first round: nothing before it to play again
+
+    assert client.learn_refusal("site-2", {"round": 1, "aggr": "site-3"}) is None
+    assert client.untake(1) is True
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-3", REPLAY_KEY: ["site-2"]}) is None
+    assert client.untake(0) is False  # given up once: no second step back
+    assert client.latest == (0, "site-3")

@@ -399,6 +399,34 @@ def test_a_lost_clients_own_report_of_a_later_round_does_not_move_the_round_its_
     assert finish(thread) == []
 
 
+def test_a_replays_sender_lost_before_any_client_took_its_model_ends_the_swarm_naming_it(start) -> None:
+    """site-2 is lost aggregating round 2; site-1 is told to send round 2's model again and is lost
+    before any client took it (all still name site-2): no client holds that model any more."""
+    clients, thread, report, keep_reporting = swarm_to_follow(start)
+    queue = clients.queue
+    round_1 = [{"round": 0, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-1"}]
+    clients.status("site-1", round=1, aggr="site-2", phase="training", progress=5, rounds_done=round_1)
+    report(1, "site-2", **{"site-2": "aggregating", "site-3": "training"})
+    clients.dead.add("site-2")
+    replay = None
+    deadline = time.monotonic() + 6
+    while replay is None and time.monotonic() < deadline:
+        clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=6, rounds_done=round_1)
+        report(1, "site-2", **{"site-3": "idle"})
+        replay = next_task_but_lost(queue, "site-1")
+        time.sleep(0.1)
+    assert replay is not None and replay.task_name == "swarm_replay"
+    queue.submit("site-1", replay.task_id, make_reply(ReturnCode.OK))
+    clients.dead.add("site-1")
+
+    keep_reporting(6.0, 1, "site-2", **{"site-3": "idle"})
+    [error] = finish(thread)
+    assert (
+        "site-1 is lost (stopped answering), and it was sending round 2's model again, which no client took "
+        "from it yet; no client left holds round 2's model to play it again" in str(error)
+    )
+
+
 def test_the_clients_left_are_told_whom_the_swarm_lost_once_it_is_judged(start) -> None:
     clients, thread, report, keep_reporting = swarm_to_follow(start)
     queue = clients.queue
