@@ -221,6 +221,7 @@ def test_an_aggregation_client_dying_as_its_next_rounds_model_is_pulled_costs_th
         assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
 
 
+@pytest.mark.slow  # end to end; CI runs it with -m slow
 def test_a_last_aggregation_client_lost_once_every_result_client_saved_the_final_model_ends_the_swarm_done(
     simulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -245,6 +246,7 @@ def test_a_last_aggregation_client_lost_once_every_result_client_saved_the_final
         assert_moved_by(final_model(tmp_path / "workspace", site), initial, 2 * expected_delta(3))
 
 
+@pytest.mark.slow  # end to end; CI runs it with -m slow
 def test_a_lost_trainer_is_not_waited_for_once_the_server_tells_the_swarm(simulate, tmp_path: Path) -> None:
     """site-3 dies training round 2. The rounds need 2 results and wait 60 s for a third; once the
     server judges site-3 lost it tells the others: round 2 closes with two, round 3 (site-3's turn
