@@ -1,12 +1,12 @@
 """`SwarmClientController`: a client's part of Swarm learning.
 
-Each round the trainers train the round's model and hand their results to the round's
-aggregation client (`ResultHandIn`), which folds them into a weighted sum as they arrive (chunk
-by chunk, all at once, with the default weighted mean in memory: `ResultIntake`), applies the
-aggregate, saves it, and starts the next round with another aggregation client (`RoundSender`);
-after the last round the final model goes to the result clients. Messages go client to client over the cells (routed
-through the server cell); tensors are pulled by whoever receives them, from the client that has
-them, with the job's chunk sizes. The server never holds a model. A client takes a peer's
+Each round the trainers train the round's model and hand their results to the round's aggregation
+client (`ResultHandIn`), which folds them into a weighted sum as they arrive (chunk by chunk, all
+at once, with the default weighted mean in memory: `ResultIntake`), applies the aggregate, saves
+it, and starts the next round with another aggregation client (`RoundSender`); after the last
+round the final model goes to the result clients. Messages go client to client over the cells
+(routed through the server cell); tensors are pulled by whoever receives them, from the client
+that has them, with the job's chunk sizes. The server never holds a model. A client takes a peer's
 message only from the site the config names for it, for the round it expects (`SwarmRoles`).
 """
 
