@@ -25,7 +25,13 @@ from typing import Any
 from engine.aggregators import Aggregator, ResultRules
 from engine.aggregators.rules import marked_from_one_site
 from engine.cells import Message, Reply, Status
-from engine.executors.ccwf.client_side import DEFAULT_STATUS_INTERVAL_S, ClientSideController, owner_among, refused
+from engine.executors.ccwf.client_side import (
+    DEFAULT_STATUS_INTERVAL_S,
+    ClientSideController,
+    failed,
+    owner_among,
+    refused,
+)
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy
 from engine.executors.ccwf.swarm_hand_in import ResultHandIn
 from engine.executors.ccwf.swarm_intake import ResultIntake
@@ -33,7 +39,7 @@ from engine.executors.ccwf.swarm_roles import REPLAY_KEY, SwarmRoles
 from engine.executors.ccwf.swarm_sending import RoundSender
 from engine.fault_points import fault_point
 from engine.fobs.quantized import MODES as QUANTIZE_MODES
-from engine.model import FLModel, ReservedHeaderKey, Shareable, model_from_shareable, shown_round
+from engine.model import FLModel, ReservedHeaderKey, ReturnCode, Shareable, model_from_shareable, shown_round
 from engine.model.ccwf import (
     CCWF_CHANNEL,
     LOST_KEY,
@@ -56,9 +62,6 @@ SWARM_PREFIX = "swarm"
 #: Peer topics (after ``<prefix>_``): the round's model to a trainer or the aggregation client,
 #: a trainer's result to the aggregation client, the final model to a result client.
 LEARN, RESULT, FINAL = "learn", "result", "final"
-#: Seconds a client that gave a round up (its model's sender was lost as it pulled it) waits for
-#: the round before to be played again, before it ends the job.
-REPLAY_WAIT_S = 120.0
 #: Default bound on a round at its aggregation client, in seconds.
 DEFAULT_LEARN_TASK_TIMEOUT_S = 3600.0
 
@@ -177,9 +180,9 @@ class SwarmClientController(ClientSideController):
         #: The sender of the round's model the learner pulls now, and what stops that pull (set when
         #: the server loses the sender, or the job ends).
         self._pulling: tuple[str, threading.Event] | None = None
-        #: After a round given up (`_receive`): the round before, which the server should have
-        #: played again, and until when this client waits for it.
-        self._awaiting_replay: tuple[int, float] | None = None
+        #: The round this client gave up (`_receive`: its model's sender was lost as it was pulled)
+        #: while it waits for the round before to be played again; None when it gave none up.
+        self._gave_up: int | None = None
 
     def use_job_paths(self, paths: JobPaths) -> None:
         """Check ``download_to_disk_dir`` (when downloads go to disk) against the folders the site allows.
@@ -332,6 +335,11 @@ class SwarmClientController(ClientSideController):
         header = dict(message.header)
         why = self.roles.learn_refusal(message.source, header)
         if why:
+            gave_up = self._gave_up
+            number = header.get("round")
+            if gave_up is not None and type(number) is int and number >= gave_up and REPLAY_KEY not in header:
+                if owner_among(message.source, self.roles.aggr_clients):  # the swarm went on without this client
+                    self._left_behind(f"round {shown_round(number)}'s model came from {message.source}")
             return refused(message, why)
         self._accept_learn(header, list(message.frames), [], sender=message.source)
         return Reply(header={})
@@ -343,6 +351,7 @@ class SwarmClientController(ClientSideController):
         admitted by `SwarmRoles.learn_refusal`; None for a model this client made itself.
         """
         current_round = int(header["round"])
+        self._gave_up = None
         if sender is None:
             self.roles.record_learn(current_round, str(header["aggr"]))
         if header["aggr"] == self.site:
@@ -364,9 +373,7 @@ class SwarmClientController(ClientSideController):
             try:
                 header, payload, served, sender = self._inbox.get(timeout=0.2)
             except queue.Empty:
-                self._check_replay_came()
                 continue
-            self._awaiting_replay = None
             try:
                 self._learn(header, payload, served, sender)
             except Exception as e:
@@ -432,15 +439,24 @@ class SwarmClientController(ClientSideController):
         try:
             limits = limits_after(self._model_bytes, f"round {current_round + 1}'s model from {sender}")
             data = self.codec.decode(payload, sender=sender, stop=stop, **limits)
-        except Exception:
+        except Exception as e:
             if self.stopped.is_set() or sender is None or not self._lost_soon(sender):
                 raise
-            if not self.roles.untake(current_round):  # no round before to go back to: nothing to play again
-                raise
-            log.warning("round %d's model not received: the server lost its sender %s", current_round + 1, sender)
+            shown = shown_round(current_round)
+            if self.roles.last_round > current_round:  # it took the next round already: that one goes on
+                log.warning("round %s's model not received (its sender %s was lost); going on", shown, sender)
+                return None
+            if not self.roles.untake(current_round):
+                raise RuntimeError(
+                    f"round {shown}'s model could not be received: its sender {sender} was lost, and "
+                    f"{self.site} took no round {shown_round(current_round - 1)} to go back to"
+                ) from e
+            log.warning("round %s's model not received: the server lost its sender %s", shown, sender)
+            self._gave_up = current_round
             if aggr == self.site:
                 self._intake.abandon(current_round)
-            self._awaiting_replay = (current_round - 1, time.monotonic() + REPLAY_WAIT_S)
+            elif self.roles.trains:  # the round's aggregation client waits for no result of this client
+                self.hand_in.submit(aggr, current_round, failed(ReturnCode.EXECUTION_EXCEPTION, f"{e}"[:300]))
             self._report_round(phase="idle")
             return None
         finally:
@@ -448,21 +464,16 @@ class SwarmClientController(ClientSideController):
         self._model_bytes = payload_bytes(data)
         return data
 
-    def _check_replay_came(self) -> None:
-        """End the job when a round given up was not followed, in time, by the round before played again.
-
-        The server plays it again only when every client reporting the round gave it up; one that
-        pulled the model whole goes on with it, and this client, back a round, could take no later
-        round: it ends the job with the reason instead of waiting for ever.
-        """
-        awaiting = self._awaiting_replay
-        if awaiting is None or time.monotonic() < awaiting[1]:
+    def _left_behind(self, evidence: str) -> None:
+        """End the job: this client gave a round up, and the swarm went on with it (``evidence``)
+        instead of playing the round before again (another client had the round's model whole)."""
+        gave_up = self._gave_up
+        if gave_up is None:
             return
-        self._awaiting_replay = None
-        before = shown_round(awaiting[0])
+        self._gave_up = None
         self.update_status(
-            error=f"{self.site} could not receive round {shown_round(awaiting[0] + 1)}'s model (its sender was "
-            f"lost), and round {before} was not played again within {REPLAY_WAIT_S:g} s"
+            error=f"{self.site} could not receive round {shown_round(gave_up)}'s model (its sender was lost) "
+            f"while the swarm went on with it: {evidence}"
         )
 
     def _lost_soon(self, sender: str) -> bool:
@@ -520,6 +531,8 @@ class SwarmClientController(ClientSideController):
             return refused(message, why)
         site = owner_among(message.source, self.roles.train_clients)
         assert site is not None  # result_refusal checked it
+        if message.header.get("round") == self._gave_up and message.header.get("ok", True):
+            self._left_behind(f"{site} trained it")
         return self._intake.on_result(message, site)
 
     def _gather(self, entry: RoundGathering) -> None:

@@ -240,12 +240,13 @@ class SwarmRoles:
         lost as it was pulled): this client is back at the round before, which may be played again.
 
         Returns:
-            False (nothing changed) when round ``current_round`` is not the last one taken, or no
-            round was taken before it since the last `untake`.
+            False (nothing changed) when round ``current_round`` is not the last one taken, or the
+            round just before it was not the one taken before it (a client that does not train
+            takes only the rounds it aggregates; a round given up already is not there either).
         """
         with self._lock:
-            if self._last_round != current_round or self._before[0] is None:
-                return False  # not the last round taken, or none before it (or given up once already)
+            if self._last_round != current_round or self._before[0] != current_round - 1:
+                return False  # not the last round taken, or the round before it was not taken (or given up)
             self._last_round, self._last_aggr, self._last_sender, self._replays = self._before
             self._before = (None, "", "", 0)
             return True

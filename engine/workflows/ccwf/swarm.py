@@ -78,7 +78,8 @@ class SwarmServerController(ServerSideController):
             min_clients=min_clients,
         )
         self._replays = 0
-        self._replaying: dict[int, str] = {}  # round played again -> the client told to send its model
+        # round played again -> (the client told to send its model, the aggregation client it replaces)
+        self._replaying: dict[int, tuple[str, str]] = {}
         self.result_clients = list(result_clients) if result_clients is not None else None
         self.aggr_clients = list(aggr_clients) if aggr_clients else None
         self.train_clients = list(train_clients) if train_clients else None
@@ -117,9 +118,15 @@ class SwarmServerController(ServerSideController):
         final model, not yet with every result client) and nobody else has it.
         """
         shown = shown_round(latest_round)
-        others = [status for other, status in reports.items() if other != site and status.round == latest_round]
-        if self._replaying.get(latest_round) == site and others and all(status.aggr in gone for status in others):
-            return f"it was sending round {shown}'s model again, which no client took from it yet"
+        sender, replaced = self._replaying.get(latest_round, ("", ""))
+        if sender == site:
+            missed = sorted(
+                other
+                for other, status in reports.items()
+                if other != site and other not in gone and status.round == latest_round and status.aggr == replaced
+            )
+            if missed:
+                return f"it was sending round {shown}'s model again, which {', '.join(missed)} did not take yet"
         if site not in clients_among("aggr_clients", self.aggr_clients, participants):
             return None
         named = {
@@ -212,7 +219,7 @@ class SwarmServerController(ServerSideController):
         if failures:
             raise WorkflowError(f"{sender} could not play round {shown_round(latest_round)} again: {failures[sender]}")
         self._replays += 1
-        self._replaying[latest_round] = sender
+        self._replaying[latest_round] = (sender, site)
         return f"{sender} sent round {shown_round(latest_round)}'s model again, to another aggregation client"
 
     def clients_lost(self, lost: list[str], participants: list[str]) -> None:

@@ -275,3 +275,12 @@ def test_a_round_is_given_up_only_back_to_a_round_taken_before_it_and_once() -> 
     assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-3", REPLAY_KEY: ["site-2"]}) is None
     assert client.untake(0) is False  # given up once: no second step back
     assert client.latest == (0, "site-3")
+
+
+def test_a_client_that_does_not_train_gives_no_round_up_past_the_ones_it_skipped() -> None:
+    aggregator = roles("site-3", aggr_clients=["site-1", "site-3"], num_rounds=5)  # site-3 does not train
+    assert aggregator.learn_refusal("site-1", {"round": 1, "aggr": "site-3"}) is None
+    assert aggregator.learn_refusal("site-1", {"round": 3, "aggr": "site-3"}) is None
+
+    assert aggregator.untake(3) is False  # the round it took before round 4 is round 2, not round 3
+    assert aggregator.latest == (3, "site-3")

@@ -182,6 +182,26 @@ def next_task_but_lost(queue: TaskQueue, site: str):
     return assignment
 
 
+ROUND_1 = [{"round": 0, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-1"}]
+
+
+def replay_asked_of_site_1(clients: Clients, report) -> None:
+    """Report site-1 (round 1's aggregation client) and site-3 idle at round 2, whose aggregation
+    client site-2 is lost, until site-1 is told to send round 2's model again without site-2; answer it OK."""
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=6, rounds_done=ROUND_1)
+        report(1, "site-2", **{"site-3": "idle"})
+        replay = next_task_but_lost(clients.queue, "site-1")
+        if replay is not None:
+            assert replay.task_name == "swarm_replay"
+            assert (replay.data["round"], replay.data["exclude"]) == (1, ["site-2"])
+            clients.queue.submit("site-1", replay.task_id, make_reply(ReturnCode.OK))
+            return
+        time.sleep(0.1)
+    raise AssertionError("site-1 was not told to send round 2's model again")
+
+
 def swarm_to_follow(start, num_rounds: int = 4):
     queue, clients, thread = start(
         SwarmServerController(
@@ -228,22 +248,10 @@ def test_a_lost_rounds_aggregation_client_has_the_round_played_again_by_the_prev
     """site-2 aggregates round 2 and is lost; site-1 reported round 1 done: it is told to send round
     2's model again, without site-2, and the swarm goes on to its end."""
     clients, thread, report, keep_reporting = swarm_to_follow(start)
-    queue = clients.queue
-    round_1 = [{"round": 0, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-1"}]
-    clients.status("site-1", round=1, aggr="site-2", phase="training", progress=5, rounds_done=round_1)
+    clients.status("site-1", round=1, aggr="site-2", phase="training", progress=5, rounds_done=ROUND_1)
     report(1, "site-2", **{"site-2": "aggregating", "site-3": "training"})
     clients.dead.add("site-2")
-    deadline = time.monotonic() + 6
-    replay = None
-    while replay is None and time.monotonic() < deadline:
-        clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=6, rounds_done=round_1)
-        report(1, "site-2", **{"site-3": "idle"})
-        replay = next_task_but_lost(queue, "site-1")
-        time.sleep(0.1)
-
-    assert replay is not None and replay.task_name == "swarm_replay"
-    assert (replay.data["round"], replay.data["exclude"]) == (1, ["site-2"])
-    queue.submit("site-1", replay.task_id, make_reply(ReturnCode.OK))
+    replay_asked_of_site_1(clients, report)
     clients.dead.discard("site-2")  # it comes back, and says it finished the swarm on its own
     keep_reporting(1.5, 1, "site-2", **{"site-2": "done"})
     clients.status("site-2", round=3, aggr="site-2", phase="done", progress=99, all_done=True)
@@ -260,24 +268,12 @@ def test_an_aggregation_client_lost_with_the_next_rounds_model_has_its_finished_
     client still reports round 2): site-1, round 1's aggregation client, is told to send round 2's
     model again, and round 2's "done" from the one that plays it is reported again."""
     clients, thread, report, keep_reporting = swarm_to_follow(start)
-    queue = clients.queue
-    round_1 = [{"round": 0, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-1"}]
     round_2 = [{"round": 1, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-2"}]
     clients.status("site-2", round=1, aggr="site-2", phase="idle", progress=9, rounds_done=round_2)
     clients.dead.add("site-2")
-    deadline = time.monotonic() + 6
-    replay = None
-    while replay is None and time.monotonic() < deadline:
-        clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=6, rounds_done=round_1)
-        report(1, "site-2", **{"site-3": "idle"})
-        replay = next_task_but_lost(queue, "site-1")
-        time.sleep(0.1)
-
-    assert replay is not None and replay.task_name == "swarm_replay"
-    assert (replay.data["round"], replay.data["exclude"]) == (1, ["site-2"])
-    queue.submit("site-1", replay.task_id, make_reply(ReturnCode.OK))
+    replay_asked_of_site_1(clients, report)
     again = [{"round": 1, "time_s": 2.0, "metrics": {}, "clients": ["site-1", "site-3"], "aggregator": "site-1"}]
-    clients.status("site-1", round=1, aggr="site-1", phase="idle", progress=12, rounds_done=round_1 + again)
+    clients.status("site-1", round=1, aggr="site-1", phase="idle", progress=12, rounds_done=ROUND_1 + again)
     time.sleep(1.0)
     clients.status("site-1", round=3, aggr="site-1", phase="done", progress=20, all_done=True)
     assert finish(thread) == []
@@ -355,23 +351,13 @@ def test_a_round_whose_next_model_its_receivers_give_up_after_its_sender_is_lost
     judged, its loss costs nothing (they report round 3); once they give round 3 up and report
     round 2 again, site-1 is told to send round 2's model again."""
     clients, thread, report, keep_reporting = swarm_to_follow(start)
-    round_1 = [{"round": 0, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-1"}]
     round_2 = [{"round": 1, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-2"}]
     clients.status("site-2", round=2, aggr="site-2", phase="receiving", progress=9, rounds_done=round_2)
     clients.dead.add("site-2")
     keep_reporting(3.0, 2, "site-1", **{"site-1": "receiving", "site-3": "receiving"})
     assert thread.is_alive() and next_task_but_lost(clients.queue, "site-1") is None
 
-    replay = None
-    deadline = time.monotonic() + 3
-    while replay is None and time.monotonic() < deadline:
-        clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=12, rounds_done=round_1)
-        report(1, "site-2", **{"site-3": "idle"})
-        replay = next_task_but_lost(clients.queue, "site-1")
-        time.sleep(0.1)
-
-    assert replay is not None and replay.task_name == "swarm_replay" and replay.data["round"] == 1
-    clients.queue.submit("site-1", replay.task_id, make_reply(ReturnCode.OK))
+    replay_asked_of_site_1(clients, report)
     clients.status("site-1", round=3, aggr="site-1", phase="done", progress=20, all_done=True)
     assert finish(thread) == []
 
@@ -381,20 +367,10 @@ def test_a_lost_clients_own_report_of_a_later_round_does_not_move_the_round_its_
     too: site-1's turn was skipped), then died: the others still report round 2, so round 2 is
     played again."""
     clients, thread, report, keep_reporting = swarm_to_follow(start)
-    round_1 = [{"round": 0, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-1"}]
     round_2 = [{"round": 1, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-2"}]
     clients.status("site-2", round=2, aggr="site-2", phase="aggregating", progress=9, rounds_done=round_2)
     clients.dead.add("site-2")
-    replay = None
-    deadline = time.monotonic() + 6
-    while replay is None and time.monotonic() < deadline:
-        clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=6, rounds_done=round_1)
-        report(1, "site-2", **{"site-3": "idle"})
-        replay = next_task_but_lost(clients.queue, "site-1")
-        time.sleep(0.1)
-
-    assert replay is not None and replay.data["round"] == 1
-    clients.queue.submit("site-1", replay.task_id, make_reply(ReturnCode.OK))
+    replay_asked_of_site_1(clients, report)
     clients.status("site-1", round=3, aggr="site-1", phase="done", progress=20, all_done=True)
     assert finish(thread) == []
 
@@ -403,27 +379,17 @@ def test_a_replays_sender_lost_before_any_client_took_its_model_ends_the_swarm_n
     """site-2 is lost aggregating round 2; site-1 is told to send round 2's model again and is lost
     before any client took it (all still name site-2): no client holds that model any more."""
     clients, thread, report, keep_reporting = swarm_to_follow(start)
-    queue = clients.queue
-    round_1 = [{"round": 0, "time_s": 1.0, "metrics": {}, "clients": CLIENTS, "aggregator": "site-1"}]
-    clients.status("site-1", round=1, aggr="site-2", phase="training", progress=5, rounds_done=round_1)
+    clients.status("site-1", round=1, aggr="site-2", phase="training", progress=5, rounds_done=ROUND_1)
     report(1, "site-2", **{"site-2": "aggregating", "site-3": "training"})
     clients.dead.add("site-2")
-    replay = None
-    deadline = time.monotonic() + 6
-    while replay is None and time.monotonic() < deadline:
-        clients.status("site-1", round=1, aggr="site-2", phase="idle", progress=6, rounds_done=round_1)
-        report(1, "site-2", **{"site-3": "idle"})
-        replay = next_task_but_lost(queue, "site-1")
-        time.sleep(0.1)
-    assert replay is not None and replay.task_name == "swarm_replay"
-    queue.submit("site-1", replay.task_id, make_reply(ReturnCode.OK))
+    replay_asked_of_site_1(clients, report)
     clients.dead.add("site-1")
 
     keep_reporting(6.0, 1, "site-2", **{"site-3": "idle"})
     [error] = finish(thread)
     assert (
-        "site-1 is lost (stopped answering), and it was sending round 2's model again, which no client took "
-        "from it yet; no client left holds round 2's model to play it again" in str(error)
+        "site-1 is lost (stopped answering), and it was sending round 2's model again, which site-3 did not "
+        "take yet; no client left holds round 2's model to play it again" in str(error)
     )
 
 
