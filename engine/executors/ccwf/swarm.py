@@ -449,7 +449,7 @@ class SwarmClientController(ClientSideController):
             if not self.roles.untake(current_round):
                 raise RuntimeError(
                     f"round {shown}'s model could not be received: its sender {sender} was lost, and "
-                    f"{self.site} took no round {shown_round(current_round - 1)} to go back to"
+                    f"{self.site} cannot go back to the round before to have it played again"
                 ) from e
             log.warning("round %s's model not received: the server lost its sender %s", shown, sender)
             self._gave_up = current_round
