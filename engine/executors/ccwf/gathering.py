@@ -41,6 +41,8 @@ class RoundGathering:
     closed: bool = False
     #: Set when the round's model never arrived whole (its sender was lost): nothing is aggregated.
     abandoned: bool = False
+    #: Trainers that gave the round up (its model never reached them whole either).
+    gave_up: set[str] = dataclasses.field(default_factory=set)
     claimed: set[str] = dataclasses.field(default_factory=set)
     #: How the round folds its results chunk by chunk (`engine.executors.ccwf.swarm_intake.RoundFold`);
     #: None: whole, into the swarm's aggregator.
@@ -133,12 +135,25 @@ class RoundGathering:
             self.failed[site] = why
             self._changed.notify_all()
 
-    def abandon(self) -> None:
-        """Give the round up (its model never arrived whole): `wait_done` returns False, pulls end."""
+    def given_up_by(self, site: str) -> None:
+        """``site`` gave the round up (its model did not reach it whole): no result of it comes."""
+        with self._changed:
+            self.gave_up.add(site)
+        self.fail(site, "it gave the round up: the round's model did not reach it whole")
+
+    def abandon(self) -> list[str]:
+        """Give the round up (its model never arrived whole): `wait_done` returns False, pulls end.
+
+        Returns:
+            The trainers whose result of the round came, or is coming, though they did not give it
+            up: they had its model whole, so the swarm may go on with the round.
+        """
         with self._changed:
             self.abandoned = True
             self._changed.notify_all()
+            had_it = sorted(self.claimed - self.gave_up)
         self.pulls_stop.set()
+        return had_it
 
     def wait_done(self, minimum: int, wait_after_min_s: float, timeout_s: float, stopped: threading.Event) -> bool:
         """Wait for the round's model and its results; False when the job stopped or the round was abandoned."""

@@ -34,7 +34,7 @@ from engine.executors.ccwf.client_side import (
 )
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy
 from engine.executors.ccwf.swarm_hand_in import ResultHandIn
-from engine.executors.ccwf.swarm_intake import ResultIntake
+from engine.executors.ccwf.swarm_intake import GAVE_UP_KEY, ResultIntake
 from engine.executors.ccwf.swarm_roles import REPLAY_KEY, SwarmRoles
 from engine.executors.ccwf.swarm_sending import RoundSender
 from engine.fault_points import fault_point
@@ -335,11 +335,8 @@ class SwarmClientController(ClientSideController):
         header = dict(message.header)
         why = self.roles.learn_refusal(message.source, header)
         if why:
-            gave_up = self._gave_up
-            number = header.get("round")
-            if gave_up is not None and type(number) is int and number >= gave_up and REPLAY_KEY not in header:
-                if owner_among(message.source, self.roles.aggr_clients):  # the swarm went on without this client
-                    self._left_behind(f"round {shown_round(number)}'s model came from {message.source}")
+            if self._went_on_without_this(message.source, header):
+                self._left_behind(f"round {shown_round(header['round'])}'s model came from {message.source}")
             return refused(message, why)
         self._accept_learn(header, list(message.frames), [], sender=message.source)
         return Reply(header={})
@@ -446,23 +443,44 @@ class SwarmClientController(ClientSideController):
             if self.roles.last_round > current_round:  # it took the next round already: that one goes on
                 log.warning("round %s's model not received (its sender %s was lost); going on", shown, sender)
                 return None
+            self._gave_up = current_round  # first: what shows the swarm going on is not missed
             if not self.roles.untake(current_round):
+                self._gave_up = None
                 raise RuntimeError(
                     f"round {shown}'s model could not be received: its sender {sender} was lost, and "
                     f"{self.site} cannot go back to the round before to have it played again"
                 ) from e
             log.warning("round %s's model not received: the server lost its sender %s", shown, sender)
-            self._gave_up = current_round
-            if aggr == self.site:
-                self._intake.abandon(current_round)
-            elif self.roles.trains:  # the round's aggregation client waits for no result of this client
-                self.hand_in.submit(aggr, current_round, failed(ReturnCode.EXECUTION_EXCEPTION, f"{e}"[:300]))
             self._report_round(phase="idle")
+            if aggr == self.site:
+                had_it = self._intake.abandon(current_round)
+                if had_it:
+                    self._left_behind(f"{', '.join(had_it)} had it and handed in a result")
+            elif self.roles.trains:  # the round's aggregation client waits for no result of this client
+                result = failed(ReturnCode.EXECUTION_EXCEPTION, f"{e}"[:300])
+                self.hand_in.submit(aggr, current_round, result, gave_up=True)
             return None
         finally:
             self._pulling = None
         self._model_bytes = payload_bytes(data)
         return data
+
+    def _went_on_without_this(self, sender: str, header: dict[str, Any]) -> bool:
+        """Whether a round's model this client refused shows the swarm going on past the round it gave up.
+
+        Only a well-formed model of a round from that one on, from an aggregation client the server
+        did not lose, naming an aggregation client, and not a round played again, counts.
+        """
+        gave_up, number = self._gave_up, header.get("round")
+        return (
+            gave_up is not None
+            and type(number) is int
+            and gave_up <= number < self.roles.end_round
+            and REPLAY_KEY not in header
+            and header.get("aggr") in self.roles.aggr_clients
+            and owner_among(sender, self.roles.aggr_clients) is not None
+            and owner_among(sender, sorted(self.roles.lost)) is None
+        )
 
     def _left_behind(self, evidence: str) -> None:
         """End the job: this client gave a round up, and the swarm went on with it (``evidence``)
@@ -531,8 +549,8 @@ class SwarmClientController(ClientSideController):
             return refused(message, why)
         site = owner_among(message.source, self.roles.train_clients)
         assert site is not None  # result_refusal checked it
-        if message.header.get("round") == self._gave_up and message.header.get("ok", True):
-            self._left_behind(f"{site} trained it")
+        if message.header.get("round") == self._gave_up and message.header.get(GAVE_UP_KEY) is not True:
+            self._left_behind(f"{site} had it and handed in a result")
         return self._intake.on_result(message, site)
 
     def _gather(self, entry: RoundGathering) -> None:
@@ -612,6 +630,8 @@ class SwarmClientController(ClientSideController):
         """The final model: saved once, on a result client, from the last round's aggregation client."""
         why = self.roles.final_refusal(message.source, message.header)
         if why:
+            if self._gave_up is not None and owner_among(message.source, self.roles.aggr_clients):
+                self._left_behind(f"the final model came from {message.source}")
             return refused(message, why)
         data = None
         try:

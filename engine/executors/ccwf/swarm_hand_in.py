@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from engine.cells.retry import Absence
 from engine.errors import CellError, CellRemoteError, CellUnreachableError
-from engine.executors.ccwf.swarm_intake import HELD_KEY
+from engine.executors.ccwf.swarm_intake import GAVE_UP_KEY, HELD_KEY
 from engine.executors.ccwf.swarm_roles import SwarmRoles
 from engine.model import ReturnCode, Shareable
 from engine.model.ccwf import CCWF_CHANNEL
@@ -64,8 +64,10 @@ class ResultHandIn:
         # (round, offers) the aggregation clients may pull again; the learner thread alone uses it
         self._held: list[tuple[int, list[str]]] = []
 
-    def submit(self, aggr: str, current_round: int, result: Shareable) -> None:
+    def submit(self, aggr: str, current_round: int, result: Shareable, gave_up: bool = False) -> None:
         """Offer the result of round ``current_round`` to ``aggr``; return once it is taken, refused or dropped.
+
+        ``gave_up``: the result says this trainer gave the round up (its model never reached it whole).
 
         Raises:
             RuntimeError: ``aggr`` did not take it within ``max_wait_s`` though it answers
@@ -76,6 +78,8 @@ class ResultHandIn:
         offers: list[str] = []
         frames = self.codec.encode(self.outgoing(result), receivers=[aggr], offers=offers)
         header = {"round": current_round, "ok": result.get_return_code() is ReturnCode.OK}
+        if gave_up:
+            header[GAVE_UP_KEY] = True
         deadline = time.monotonic() + self.max_wait_s
         away = Absence(cell.settings.heartbeat_timeout_s)
         while not self.stopped.is_set():

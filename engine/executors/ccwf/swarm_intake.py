@@ -58,6 +58,9 @@ BASE_WAIT_S = 60.0
 #: Key of the reply to a trainer's result: True when the aggregation client may pull the result
 #: again until its round ends (the trainer keeps serving it past the offer's timeout).
 HELD_KEY = "held"
+#: Key of a trainer's (failed) result header: True when it gave the round up, its model's sender
+#: lost before the model reached it whole.
+GAVE_UP_KEY = "gave_up"
 
 _PARAMS_TYPES = {DataKind.WEIGHTS: ParamsType.FULL, DataKind.WEIGHT_DIFF: ParamsType.DIFF}
 
@@ -213,6 +216,9 @@ class ResultIntake:
             if entry.failed.get(site) == LOST:
                 return refused(message, f"the server lost {site}: round {current_round + 1} takes no result of it")
             return refused(message, f"{site} already sent its result for round {current_round + 1}")
+        if message.header.get(GAVE_UP_KEY) is True:
+            entry.given_up_by(site)
+            return Reply(header={})
         if not message.header.get("ok", True):
             entry.fail(site, "the trainer's task failed")
             return Reply(header={})
@@ -418,12 +424,15 @@ class ResultIntake:
             if self._rounds.get(entry.number) is entry:
                 del self._rounds[entry.number]
 
-    def abandon(self, current_round: int) -> None:
-        """Give up round ``current_round`` (its model never arrived whole): it may be made anew later."""
+    def abandon(self, current_round: int) -> list[str]:
+        """Give up round ``current_round`` (its model never arrived whole): it may be made anew later.
+
+        Returns:
+            The trainers that had its model whole (see `RoundGathering.abandon`).
+        """
         with self._rounds_lock:
             entry = self._rounds.pop(current_round, None)
-        if entry is not None:
-            entry.abandon()
+        return entry.abandon() if entry is not None else []
 
     def _rebuild_if_tainted(self, entry: RoundGathering, minimum: int) -> None:
         """Close the round's sums; if a result failed after some of it was folded, make them again without it.

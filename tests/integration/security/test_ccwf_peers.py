@@ -395,8 +395,16 @@ def test_a_client_that_gave_a_round_up_ends_the_job_when_the_swarm_goes_on_with_
     assert controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-1"}) is None
     assert controller.roles.untake(1) is True
     controller._gave_up = 1  # as `_receive` leaves it
+    liar = sites["site-1"].endpoint
+    for header, reason in (
+        ({"round": 10**6, "aggr": "site-1"}, "is not a round of this swarm"),
+        ({"round": 2, "aggr": "nobody"}, "not in aggr_clients"),
+        ({"round": 0, "aggr": "site-1", "replay": ["site-2"]}, "names its aggregation client site-1 again"),
+    ):  # refused, and none of them says the swarm went on
+        assert_refused(send(liar, "site-2", "learn", header), reason)
+    assert controller.status.error is None
 
-    assert_refused(send(sites["site-1"].endpoint, "site-2", "learn", {"round": 2, "aggr": "site-1"}), "is ahead")
+    assert_refused(send(liar, "site-2", "learn", {"round": 2, "aggr": "site-1"}), "is ahead")
     assert controller.status.error == (
         "site-2 could not receive round 2's model (its sender was lost) while the swarm went on with it: "
         "round 3's model came from site-1"

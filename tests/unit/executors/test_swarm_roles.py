@@ -284,3 +284,13 @@ def test_a_client_that_does_not_train_gives_no_round_up_past_the_ones_it_skipped
 
     assert aggregator.untake(3) is False  # the round it took before round 4 is round 2, not round 3
     assert aggregator.latest == (3, "site-3")
+
+
+def test_an_abandoned_round_names_the_trainers_that_had_its_model_and_not_those_that_gave_it_up() -> None:
+    gathering = RoundGathering(2, ["site-1", "site-2", "site-3"])
+    gathering.claim("site-1")
+    gathering.given_up_by("site-1")  # its model did not reach site-1 whole either
+    gathering.claim("site-3")  # a result of site-3 is coming: it had the model
+
+    assert gathering.abandon() == ["site-3"]
+    assert gathering.failed == {"site-1": "it gave the round up: the round's model did not reach it whole"}
