@@ -431,7 +431,7 @@ class SwarmClientController(ClientSideController):
         stop = threading.Event()
         self._pulling = (str(sender), stop)
         # Looked at once published: a loss told (or the job ended) before is not missed.
-        if self.stopped.is_set() or owner_among(str(sender), sorted(self.roles.lost)):
+        if self.stopped.is_set() or self.roles.lost_owner(str(sender)):
             stop.set()
         try:
             limits = limits_after(self._model_bytes, f"round {current_round + 1}'s model from {sender}")
@@ -479,7 +479,7 @@ class SwarmClientController(ClientSideController):
             and REPLAY_KEY not in header
             and header.get("aggr") in self.roles.aggr_clients
             and owner_among(sender, self.roles.aggr_clients) is not None
-            and owner_among(sender, sorted(self.roles.lost)) is None
+            and self.roles.lost_owner(sender) is None
         )
 
     def _left_behind(self, evidence: str) -> None:
@@ -500,7 +500,7 @@ class SwarmClientController(ClientSideController):
         interval_s = float(self.config.get("status_interval", DEFAULT_STATUS_INTERVAL_S))
         deadline = time.monotonic() + self.cell.settings.heartbeat_timeout_s + 3 * interval_s
         while not self.stopped.is_set():
-            if owner_among(sender, sorted(self.roles.lost)):
+            if self.roles.lost_owner(sender):
                 return True
             if time.monotonic() > deadline:
                 return False

@@ -157,8 +157,12 @@ class SwarmRoles:
         with self._lock:
             self._final_taken = False
 
+    def lost_owner(self, sender: str) -> str | None:
+        """The client the server lost for good that sent from cell ``sender`` (None: not a lost one)."""
+        return owner_among(sender, sorted(self.lost))
+
     def _lost_refusal(self, sender: str, what: str) -> str | None:
-        lost = owner_among(sender, sorted(self.lost))
+        lost = self.lost_owner(sender)
         return f"{lost} may not send {what}: the server lost it, and the swarm went on without it" if lost else None
 
     @property
