@@ -126,6 +126,11 @@ class DownloadRefused(StreamingError):
     """A chunk request the sender will not serve (`engine.streaming.transactions`); the reason is sent back."""
 
 
+class AnnouncementRefused(StreamingError):
+    """What a sender announced about a stream (its size, kind or chunking) is refused by the
+    receiver before anything is pulled: the sender's doing, not a lost link."""
+
+
 class SecurityError(FlengineError):
     """Keys or trust settings are missing, malformed or unsafe, or a peer was refused for them.
 

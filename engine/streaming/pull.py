@@ -20,7 +20,7 @@ from typing import Any
 
 from engine.cells import Cell, Message
 from engine.cells.retry import NO_RETRY, RetryPolicy, request_with_retries
-from engine.errors import CellError, StreamingError
+from engine.errors import AnnouncementRefused, CellError, StreamingError
 from engine.streaming.chunks import ChunkPuller
 from engine.streaming.consumers import ChunkConsumer, FileConsumer, MemoryConsumer, StreamConsumer
 from engine.streaming.dequantize import DequantizingConsumer, plan_of
@@ -74,13 +74,13 @@ class ByteBudget:
                 stream larger than one chunk.
         """
         if chunk_bytes is not None and chunk_bytes < self.min_chunk_bytes and nbytes > chunk_bytes:
-            raise StreamingError(
+            raise AnnouncementRefused(
                 f"{where}: the sender cut {nbytes} bytes into chunks of {chunk_bytes} bytes; "
                 f"{self.what} must come in chunks of at least {self.min_chunk_bytes} bytes"
             )
         with self._lock:
             if nbytes > self.left_bytes:
-                raise StreamingError(
+                raise AnnouncementRefused(
                     f"{where}: the sender announced {nbytes} bytes, more than {self.what} may hold "
                     f"({self.limit_bytes} bytes in all, {self.left_bytes} left); refused before anything was reserved"
                 )
@@ -132,17 +132,19 @@ def download_tensors(
             heartbeat timeout, vanished, ``stop`` was set,
             offered a file instead of tensors, or sent something that does not fit; the message
             names the ref and the sender. What was received so far is freed.
+        AnnouncementRefused: (a `StreamingError`) What the sender announced is refused before
+            anything is pulled: its layout, kind, chunk size, or a size over the budget.
     """
 
     def consumer_of(info: Message, chunk_bytes: int, where: str) -> ChunkConsumer:
         try:
             layout = StreamLayout.parse(b"".join(bytes(frame) for frame in info.frames))
         except StreamingError as e:
-            raise StreamingError(f"{where}: {e}") from e
+            raise AnnouncementRefused(f"{where}: {e}") from e
         try:
             plan = plan_of(layout)
         except StreamingError as e:
-            raise StreamingError(f"{where}: {e}") from e
+            raise AnnouncementRefused(f"{where}: {e}") from e
         if plan is None:
             if budget is not None:
                 budget.take(layout.total_bytes, where, chunk_bytes)
@@ -191,7 +193,7 @@ def download_file(
     def consumer_of(info: Message, chunk_bytes: int, where: str) -> ChunkConsumer:
         size_bytes = info.header.get("size_bytes")
         if type(size_bytes) is not int or size_bytes < 0:
-            raise StreamingError(f"{where}: the sender announced an invalid file size {size_bytes!r}")
+            raise AnnouncementRefused(f"{where}: the sender announced an invalid file size {size_bytes!r}")
         if budget is not None:
             budget.take(size_bytes, where, chunk_bytes)
         return FileConsumer(size_bytes, chunk_bytes, path)
@@ -234,10 +236,10 @@ def _download(
         raise StreamingError(f"{where} failed: {e}") from e
     offered = info.header.get("kind", KIND_TENSORS)  # senders before files existed sent no kind
     if offered != kind:
-        raise StreamingError(f"{where}: the sender offers a {offered!r} stream, not {kind!r}")
+        raise AnnouncementRefused(f"{where}: the sender offers a {offered!r} stream, not {kind!r}")
     chunk_bytes = info.header.get("chunk_bytes")
     if type(chunk_bytes) is not int or chunk_bytes <= 0:
-        raise StreamingError(f"{where}: the sender announced an invalid chunk size {chunk_bytes!r}")
+        raise AnnouncementRefused(f"{where}: the sender announced an invalid chunk size {chunk_bytes!r}")
     consumer = consumer_of(info, chunk_bytes, where)
     # The stream's deadline counts from the info's answer, less one attempt: retries of the
     # info (the sender away for a moment) do not eat into it.

@@ -25,6 +25,7 @@ from typing import Any
 from engine.aggregators import Aggregator, ResultRules
 from engine.aggregators.rules import marked_from_one_site
 from engine.cells import Message, Reply, Status
+from engine.errors import AnnouncementRefused
 from engine.executors.ccwf.client_side import (
     DEFAULT_STATUS_INTERVAL_S,
     ClientSideController,
@@ -423,7 +424,9 @@ class SwarmClientController(ClientSideController):
         """Pull the round's model from ``sender``; None when the server lost the sender first.
 
         The round is then given up here as if its model never came (`SwarmRoles.untake`), so that
-        the server, seeing every client back at the round before, has that one played again.
+        the server, seeing every client back at the round before, has that one played again; or,
+        when another client had the model whole and the swarm goes on with the round, this client
+        takes the next round's model from the round's aggregation client and misses one round.
 
         Raises:
             StreamingError: The pull failed, and the server did not lose the sender.
@@ -437,7 +440,13 @@ class SwarmClientController(ClientSideController):
             limits = limits_after(self._model_bytes, f"round {current_round + 1}'s model from {sender}")
             data = self.codec.decode(payload, sender=sender, stop=stop, **limits)
         except Exception as e:
-            if self.stopped.is_set() or sender is None or not self._lost_soon(sender):
+            # A refused announcement is the sender's doing: no loss of it to wait for.
+            if (
+                self.stopped.is_set()
+                or sender is None
+                or isinstance(e, AnnouncementRefused)
+                or not self._lost_soon(sender)
+            ):
                 raise
             shown = shown_round(current_round)
             if self.roles.last_round > current_round:  # it took the next round already: that one goes on
@@ -466,16 +475,18 @@ class SwarmClientController(ClientSideController):
         return data
 
     def _went_on_without_this(self, sender: str, header: dict[str, Any]) -> bool:
-        """Whether a round's model this client refused shows the swarm going on past the round it gave up.
+        """Whether a round's model this client refused shows the swarm going on past the round it gave
+        up in a way it cannot follow: past the next round too (the next round's model, from the
+        round's aggregation client, is taken: `SwarmRoles.learn_refusal`).
 
-        Only a well-formed model of a round from that one on, from an aggregation client the server
-        did not lose, naming an aggregation client, and not a round played again, counts.
+        Only a well-formed model of a later round, from an aggregation client the server did not
+        lose, naming an aggregation client, and not a round played again, counts.
         """
         gave_up, number = self._gave_up, header.get("round")
         return (
             gave_up is not None
             and type(number) is int
-            and gave_up <= number < self.roles.end_round
+            and gave_up + 1 < number < self.roles.end_round
             and REPLAY_KEY not in header
             and header.get("aggr") in self.roles.aggr_clients
             and owner_among(sender, self.roles.aggr_clients) is not None
@@ -483,8 +494,9 @@ class SwarmClientController(ClientSideController):
         )
 
     def _left_behind(self, evidence: str) -> None:
-        """End the job: this client gave a round up, and the swarm went on with it (``evidence``)
-        instead of playing the round before again (another client had the round's model whole)."""
+        """End the job: this client gave a round up, and the swarm went on with it (``evidence``) in a
+        way this client cannot follow: as the round's aggregation client, it has no round's model
+        to apply the results to; or a model came that is not the next one from that client."""
         gave_up = self._gave_up
         if gave_up is None:
             return
@@ -645,6 +657,7 @@ class SwarmClientController(ClientSideController):
             return refused(message, f"the final model could not be saved: {type(e).__name__}: {e}")
         finally:
             cleanup_lazy_refs(data)
+        self._gave_up = None  # a last round given up: the swarm finished it without this client
         self.update_status(phase="done")
         return Reply(header={})
 

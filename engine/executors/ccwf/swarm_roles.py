@@ -8,7 +8,8 @@ sites the server's config names for that role, and only for the round it expects
 - the first round's model from the ``starting_client``; a later round's from an aggregation
   client, namely the one that aggregated the previous round when this client took part in it;
 - rounds in order: never one it already took, never one outside the job's rounds, and a
-  trainer (which takes every round) only the one after its last;
+  trainer (which takes every round) only the one after its last, save the one after a round it
+  gave up (`untake`), from that round's aggregation client: the swarm went on without it;
 - a result only from a ``train_clients`` site (the round and once-per-round checks belong to the
   round being gathered, see `RoundGathering.claim`);
 - the final model only on a result client, for the last round, once, from the last round's
@@ -77,6 +78,8 @@ class SwarmRoles:
     _replays: int = dataclasses.field(default=0, init=False)  # of that round
     #: (round, aggr, sender, replays) of the round taken before the last (`untake` goes back to it)
     _before: tuple[int | None, str, str, int] = dataclasses.field(default=(None, "", "", 0), init=False)
+    #: (round, its aggregation client) of the round given up last (`untake`), until a round is taken
+    _given_up: tuple[int, str] | None = dataclasses.field(default=None, init=False)
     _final_taken: bool = dataclasses.field(default=False, init=False)
     _lost: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
@@ -205,6 +208,7 @@ class SwarmRoles:
                 if why is None:
                     self._replays += 1
                     self._last_aggr = aggr
+                    self._given_up = None  # the round given up is made again, from this one
                     # the last round played again: its final model comes again, from the new aggregation client
                     self._final_taken = self._final_taken and current_round != self.end_round - 1
                 return why
@@ -215,7 +219,7 @@ class SwarmRoles:
                 )
             if self.trains:
                 expected = self.start_round if self._last_round is None else self._last_round + 1
-                if current_round != expected:
+                if current_round != expected and not self._after_given_up(current_round):
                     return (
                         f"round {shown_round(current_round)} is ahead: "
                         f"{self.site} trains round {shown_round(expected)} next"
@@ -238,10 +242,15 @@ class SwarmRoles:
         """Record a round's model taken (called with the lock held)."""
         self._before = (self._last_round, self._last_aggr, self._last_sender, self._replays)
         self._last_round, self._last_aggr, self._last_sender, self._replays = current_round, aggr, sender, 0
+        self._given_up = None
 
     def untake(self, current_round: int) -> bool:
         """Forget round ``current_round``'s model, taken last but never received whole (its sender was
         lost as it was pulled): this client is back at the round before, which may be played again.
+
+        When another client received that model whole, the swarm goes on with the round instead,
+        without this client: the next round's model is then taken from the round's aggregation
+        client (or, after the last round, the final model), and this client has missed one round.
 
         Returns:
             False (nothing changed) when round ``current_round`` is not the last one taken, or the
@@ -251,9 +260,15 @@ class SwarmRoles:
         with self._lock:
             if self._last_round != current_round or self._before[0] != current_round - 1:
                 return False  # not the last round taken, or the round before it was not taken (or given up)
+            # Its own round given up, it cannot have gone on without this client.
+            self._given_up = (current_round, self._last_aggr) if self._last_aggr != self.site else None
             self._last_round, self._last_aggr, self._last_sender, self._replays = self._before
             self._before = (None, "", "", 0)
             return True
+
+    def _after_given_up(self, current_round: int) -> bool:
+        """Whether ``current_round`` follows the round this client gave up last (lock held)."""
+        return self._given_up is not None and current_round == self._given_up[0] + 1
 
     def _replay_refusal(self, sender: str, current_round: int, aggr: str) -> str | None:
         """Why round ``current_round``'s model sent again is refused (called with the lock held).
@@ -297,6 +312,8 @@ class SwarmRoles:
                 return f"{self.site} already took the final model"
             if self._last_round == final_round:
                 expected, role = [self._last_aggr], f"the last round's aggregation client ({self._last_aggr})"
+            elif self._given_up is not None and self._given_up[0] == final_round:  # it went on without this one
+                expected, role = [self._given_up[1]], f"the last round's aggregation client ({self._given_up[1]})"
             elif self.trains:  # a trainer takes every round: the final model cannot come first
                 return (
                     f"{self.site} has not taken round {shown_round(final_round)} yet; "
@@ -319,6 +336,10 @@ class SwarmRoles:
         """Whether ``sender`` is who sends round ``current_round``'s model (called with the lock held)."""
         if current_round == self.start_round:
             expected, role = [self.starting_client], f"the starting_client ({self.starting_client})"
+        elif self._after_given_up(current_round):
+            assert self._given_up is not None
+            given_up, aggr = self._given_up
+            expected, role = [aggr], f"round {shown_round(given_up)}'s aggregation client ({aggr})"
         elif self._last_round == current_round - 1:
             role = f"round {shown_round(self._last_round)}'s aggregation client ({self._last_aggr})"
             expected = [self._last_aggr]

@@ -21,7 +21,7 @@ from engine.executors.ccwf import CrossSiteEvalClientController, SwarmClientCont
 from engine.executors.ccwf.client_side import ClientSideController
 from engine.executors.executor import ExecutorContext
 from engine.model import DXO, DataKind, FLModel, ReturnCode, Shareable, model_from_shareable, shareable_from_model
-from engine.model.ccwf import CCWF_CHANNEL, CONFIG_KEY, MODEL_NAME_KEY, MODEL_OWNER_KEY, WorkflowStatus
+from engine.model.ccwf import CCWF_CHANNEL, CONFIG_KEY, LOST_KEY, MODEL_NAME_KEY, MODEL_OWNER_KEY, WorkflowStatus
 from engine.persistors import ModelPersistor
 from engine.security import write_site_key_folders
 from engine.site import SiteEndpoint, SiteSettings
@@ -172,7 +172,7 @@ SWARM_CONFIG = {
 }
 
 
-def start_swarm(network: Network, num_rounds: int = ROUNDS) -> dict[str, Site]:
+def start_swarm(network: Network, num_rounds: int = ROUNDS, **config: Any) -> dict[str, Site]:
     sites = network.start_sites(
         lambda: SwarmClientController(
             min_responses_required=2,
@@ -182,8 +182,8 @@ def start_swarm(network: Network, num_rounds: int = ROUNDS) -> dict[str, Site]:
         )
     )
     for site in sites.values():
-        config = {**SWARM_CONFIG, "num_rounds": num_rounds}
-        assert site.execute("swarm_config", Shareable({CONFIG_KEY: config})).get_return_code() is (ReturnCode.OK)
+        swarm_config = {**SWARM_CONFIG, "num_rounds": num_rounds, **config}
+        assert site.execute("swarm_config", Shareable({CONFIG_KEY: swarm_config})).get_return_code() is (ReturnCode.OK)
     return sites
 
 
@@ -280,7 +280,9 @@ def test_a_swarm_site_cannot_send_rounds_out_of_turn_nor_a_second_result(network
 
 def test_a_round_model_far_larger_than_the_last_is_refused_before_it_is_pulled(network: Network) -> None:
     """A trainer bounds a peer's round model by the model it last held (2 x its bytes + 16 MiB):
-    a liar with the sending site's key cannot make it reserve or pull 20 MiB after 32 bytes."""
+    a liar with the sending site's key cannot make it reserve or pull 20 MiB after 32 bytes. The
+    error comes at once: a refused announcement is no sign of a lost sender to wait for (the
+    heartbeat timeout and three status intervals, 17 s here)."""
     sites = start_swarm(network)
     liar = network.open("site-1", name="site-1.liar")  # site-1's key: it sends round 2's model
     sites["site-1"].hold[0] = threading.Event()  # site-1 aggregates round 1 and trains it slowly
@@ -293,7 +295,9 @@ def test_a_round_model_far_larger_than_the_last_is_refused_before_it_is_pulled(n
             "site-2", CCWF_CHANNEL, "swarm_learn", {"round": 1, "aggr": "site-2"}, frames, timeout_s=WAIT_S
         )
         assert reply.ok  # admitted by its sender's role; the size is checked as it is decoded
+        sent = time.monotonic()
         status = sites["site-2"].wait_status("site-2 refused it", lambda s: bool(s.error))
+        assert time.monotonic() - sent < 5
     finally:
         sites["site-1"].hold[0].set()
 
@@ -385,11 +389,39 @@ def test_only_a_named_evaluator_gets_a_sites_model(network: Network) -> None:
     assert "site-1 is not one of the evaluators (site-2)" in not_an_evaluator.get_header("reason")
 
 
-def test_a_client_that_gave_a_round_up_ends_the_job_when_the_swarm_goes_on_with_it(network: Network) -> None:
+def test_a_trainer_that_gave_a_round_up_goes_on_with_the_next_round_from_that_rounds_aggregation_client(
+    network: Network,
+) -> None:
+    """site-2 could not pull round 2's model (site-1, its sender, was lost) and went back to round 1;
+    site-3 had round 2's model whole and aggregated it without site-2: site-2 misses round 2, takes
+    round 3's model from site-3 (from no one else) and trains it, with no error."""
+    three = [*SWARM, "site-3"]
+    sites = start_swarm(network, num_rounds=3, train_clients=three, aggr_clients=three, participants=three)
+    controller = sites["site-2"].controller
+    assert controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-3"}) is None
+    assert controller.roles.untake(1) is True
+    controller._gave_up = 1  # as `_receive` leaves it
+    assert sites["site-2"].execute("swarm_lost", Shareable({LOST_KEY: ["site-1"]})).get_return_code() is ReturnCode.OK
+    site_3 = network.open("site-3")
+
+    assert_refused(send(sites["site-1"].endpoint, "site-2", "learn", {"round": 2, "aggr": "site-2"}), "lost it")
+    assert_refused(send(site_3, "site-2", "learn", {"round": 1, "aggr": "site-3"}), "not round 1's aggregation")
+    reply = send(site_3, "site-2", "learn", {"round": 2, "aggr": "site-2"}, value=5.0)
+
+    assert reply.status is Status.OK, reply.reason
+    status = sites["site-2"].wait_status("site-2 trains round 3", lambda s: s.round == 2 and s.phase == "training")
+    assert status.aggr == "site-2" and sites["site-2"].errors() == []
+    assert controller._gave_up is None
+
+
+def test_a_client_that_gave_a_round_up_ends_the_job_when_the_swarm_goes_on_past_the_next_round(
+    network: Network,
+) -> None:
     """site-2 could not pull round 2's model (its sender was lost) and went back to round 1, to be
-    played again; but site-1 sends it round 3: another client had round 2 whole and the swarm went
-    on, so site-2 reports an error (the job ends with it) instead of waiting for ever."""
-    sites = start_swarm(network, num_rounds=3)
+    played again; but round 4's model comes: the swarm went on without it past round 3 too, which it
+    cannot follow, so site-2 reports an error (the job ends with it) instead of waiting for ever."""
+    sites = start_swarm(network, num_rounds=4)
     controller = sites["site-2"].controller
     assert controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
     assert controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-1"}) is None
@@ -398,14 +430,14 @@ def test_a_client_that_gave_a_round_up_ends_the_job_when_the_swarm_goes_on_with_
     liar = sites["site-1"].endpoint
     for header, reason in (
         ({"round": 10**6, "aggr": "site-1"}, "is not a round of this swarm"),
-        ({"round": 2, "aggr": "nobody"}, "not in aggr_clients"),
+        ({"round": 3, "aggr": "nobody"}, "not in aggr_clients"),
         ({"round": 0, "aggr": "site-1", "replay": ["site-2"]}, "names its aggregation client site-1 again"),
     ):  # refused, and none of them says the swarm went on
         assert_refused(send(liar, "site-2", "learn", header), reason)
     assert controller.status.error is None
 
-    assert_refused(send(liar, "site-2", "learn", {"round": 2, "aggr": "site-1"}), "is ahead")
+    assert_refused(send(liar, "site-2", "learn", {"round": 3, "aggr": "site-1"}), "is ahead")
     assert controller.status.error == (
         "site-2 could not receive round 2's model (its sender was lost) while the swarm went on with it: "
-        "round 3's model came from site-1"
+        "round 4's model came from site-1"
     )

@@ -14,7 +14,7 @@ import zmq
 from engine.cells import CellSettings, Message, Reply, Status
 from engine.cells.envelope import Envelope, decode_envelope, encode_envelope
 from engine.cells.protocol import Kind
-from engine.errors import SerializationError, StreamingError
+from engine.errors import AnnouncementRefused, SerializationError, StreamingError
 from engine.security import load_secret_key, write_key_pair, write_site_key_folders
 from engine.site import SiteEndpoint, SiteSettings
 from engine.streaming.pull import download_tensors
@@ -211,7 +211,8 @@ def test_a_stream_larger_than_the_receiver_expects_is_refused_before_anything_is
     assert site1.cell.wait_connected(WAIT_S)
     frames = site1.codec.encode({"w": torch.ones(1 << 20)}, receivers=["server"])  # 4 MiB
 
-    with pytest.raises(StreamingError, match=r"announced \d+ bytes, more than a result of site-1 may hold"):
+    # Refused as the sender's doing (`AnnouncementRefused`): no lost link to wait out.
+    with pytest.raises(AnnouncementRefused, match=r"announced \d+ bytes, more than a result of site-1 may hold"):
         trust.server.codec.decode(frames, sender="site-1", max_bytes=1 << 20, what="a result of site-1")
 
     assert site1.chunks_served == 0

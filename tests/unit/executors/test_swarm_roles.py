@@ -294,3 +294,57 @@ def test_an_abandoned_round_names_the_trainers_that_had_its_model_and_not_those_
 
     assert gathering.abandon() == ["site-3"]
     assert gathering.failed == {"site-1": "it gave the round up: the round's model did not reach it whole"}
+
+
+def test_a_trainer_that_gave_a_round_up_takes_the_next_one_from_that_rounds_aggregation_client_only() -> None:
+    """site-3 could not pull round 2's model (site-1, its sender, died); site-2 had it whole and went
+    on without site-3: site-3 misses round 2 and takes round 3 from site-2, and from no one else."""
+    three = ["site-1", "site-2", "site-3"]
+    client = roles("site-3", train_clients=three, aggr_clients=three, num_rounds=4)
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert client.learn_refusal("site-1", {"round": 1, "aggr": "site-2"}) is None
+    assert client.untake(1) is True
+    client.lose(["site-1"])
+
+    assert "site-1 may not send round 3's model: the server lost it" in client.learn_refusal(
+        "site-1", {"round": 2, "aggr": "site-3"}
+    )
+    assert "round 4 is ahead: site-3 trains round 2 next" in client.learn_refusal(
+        "site-2", {"round": 3, "aggr": "site-3"}
+    )
+    assert "site-3 may not send round 3's model: it is not round 2's aggregation client (site-2)" in (
+        client.learn_refusal("site-3", {"round": 2, "aggr": "site-3"})
+    )
+    assert client.learn_refusal("site-2", {"round": 2, "aggr": "site-3"}) is None
+    assert client.latest == (2, "site-3")
+    assert "round 2 is past" in client.learn_refusal("site-2", {"round": 1, "aggr": "site-2"})
+    assert client.untake(2) is False  # round 2 was never taken: no step back past it
+
+
+def test_a_trainer_that_gave_the_last_round_up_takes_the_final_model_from_its_aggregation_client() -> None:
+    three = ["site-1", "site-2", "site-3"]
+    client = roles("site-3", train_clients=three, aggr_clients=three, result_clients=three, num_rounds=2)
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert client.learn_refusal("site-1", {"round": 1, "aggr": "site-2"}) is None
+    assert client.untake(1) is True
+
+    assert "it is not the last round's aggregation client (site-2)" in client.final_refusal("site-1", {"round": 1})
+    assert client.final_refusal("site-2", {"round": 1}) is None
+    assert "site-3 already took the final model" in client.final_refusal("site-2", {"round": 1})
+
+
+def test_a_round_played_again_or_an_own_round_given_up_lets_no_round_skip() -> None:
+    three = ["site-1", "site-2", "site-3"]
+    client = roles("site-3", train_clients=three, aggr_clients=three, num_rounds=4)
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert client.learn_refusal("site-1", {"round": 1, "aggr": "site-2"}) is None
+    assert client.untake(1) is True
+    # the server had round 1 played again instead: round 2 comes again, not round 3
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-3", REPLAY_KEY: ["site-2"]}) is None
+    assert "round 3 is ahead" in client.learn_refusal("site-2", {"round": 2, "aggr": "site-1"})
+
+    aggregator = roles("site-3", train_clients=three, aggr_clients=three, num_rounds=4)
+    assert aggregator.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert aggregator.learn_refusal("site-1", {"round": 1, "aggr": "site-3"}) is None
+    assert aggregator.untake(1) is True  # its own round: no one can have gone on with it
+    assert "round 3 is ahead" in aggregator.learn_refusal("site-3.x", {"round": 2, "aggr": "site-1"})
