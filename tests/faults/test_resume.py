@@ -135,6 +135,7 @@ def test_a_killed_run_resumes_with_the_command_line(tmp_path: Path, fault_figure
     )
 
 
+@pytest.mark.slow  # end to end; CI runs it with -m slow
 def test_a_truncated_checkpoint_ends_the_resume_with_one_line_naming_the_file(
     simulate, tmp_path: Path, fault_figures
 ) -> None:

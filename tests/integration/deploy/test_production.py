@@ -232,6 +232,7 @@ def test_abort_ends_every_job_process_and_the_server_keeps_its_jobs_over_a_resta
     assert (tmp_path / "after-restart" / job_id / "server" / "log.txt").is_file()
 
 
+@pytest.mark.slow  # end to end; CI runs it with -m slow
 def test_a_reprovisioned_server_kit_is_picked_up_without_a_restart(deployment: Deployment, tmp_path: Path) -> None:
     deployment.start("server", "server")
     deployment.start("site-1", "client")

@@ -155,6 +155,7 @@ def test_a_dead_aggregation_client_costs_its_round_which_another_plays_again(sim
         assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
 
 
+@pytest.mark.slow  # end to end; CI runs it with -m slow (the server's judgement: test_ccwf_server.py)
 def test_an_aggregation_client_lost_with_the_next_rounds_model_costs_the_round_it_finished(
     simulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -186,6 +187,7 @@ def test_an_aggregation_client_lost_with_the_next_rounds_model_costs_the_round_i
         assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
 
 
+@pytest.mark.slow  # end to end; CI runs it with -m slow (the give-up: test_ccwf_peers.py, test_swarm_roles.py)
 def test_an_aggregation_client_dying_as_its_next_rounds_model_is_pulled_costs_the_round_it_finished(
     simulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

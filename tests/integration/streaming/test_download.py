@@ -288,6 +288,7 @@ def test_a_sender_announcing_a_lying_header_is_refused(processes: Processes) -> 
         download_tensors(receiver, "server", "r1", per_request_timeout_s=5)
 
 
+@pytest.mark.slow  # 6 s of timeouts; the trickling sender below covers the deadline in the default run
 def test_a_sender_that_lets_each_chunk_time_out_before_answering_fails_at_its_deadline(processes: Processes) -> None:
     """The time a sender is away (chunks timing out, asked again) pushes the stream's deadline
     back, but by one chunk's retries at most: one that does it chunk after chunk stops there."""

@@ -419,6 +419,7 @@ def test_the_clients_left_are_told_whom_the_swarm_lost_once_it_is_judged(start) 
     assert finish(thread) == []
 
 
+@pytest.mark.slow  # waits out three judgements in real time (9 s); CI runs it with -m slow
 def test_a_lost_client_whose_turn_was_skipped_or_that_came_back_does_not_end_the_swarm(start) -> None:
     """Round 2 was site-2's turn, but site-2 did not answer and site-1 took it (the round's model
     says so): losing site-2 leaves round 2 to site-1. A client lost for a moment and back is not judged."""
