@@ -25,7 +25,7 @@ from typing import Any
 from engine.aggregators import Aggregator, ResultRules
 from engine.aggregators.rules import marked_from_one_site
 from engine.cells import Message, Reply, Status
-from engine.errors import AnnouncementRefused
+from engine.errors import AnnouncementRefused, SerializationError
 from engine.executors.ccwf.client_side import (
     DEFAULT_STATUS_INTERVAL_S,
     ClientSideController,
@@ -182,8 +182,9 @@ class SwarmClientController(ClientSideController):
         #: the server loses the sender, or the job ends).
         self._pulling: tuple[str, threading.Event] | None = None
         #: The round this client gave up (`_receive`: its model's sender was lost as it was pulled)
-        #: while it waits for the round before to be played again; None when it gave none up.
-        self._gave_up: int | None = None
+        #: and that round's aggregation client, while it waits for the round before to be played
+        #: again or the swarm to go on without it; None when it gave none up.
+        self._gave_up: tuple[int, str] | None = None
 
     def use_job_paths(self, paths: JobPaths) -> None:
         """Check ``download_to_disk_dir`` (when downloads go to disk) against the folders the site allows.
@@ -440,25 +441,30 @@ class SwarmClientController(ClientSideController):
             limits = limits_after(self._model_bytes, f"round {current_round + 1}'s model from {sender}")
             data = self.codec.decode(payload, sender=sender, stop=stop, **limits)
         except Exception as e:
-            # A refused announcement is the sender's doing: no loss of it to wait for.
+            # A refused announcement or a malformed message is the sender's doing: no loss to wait for.
             if (
                 self.stopped.is_set()
                 or sender is None
-                or isinstance(e, AnnouncementRefused)
+                or isinstance(e, (AnnouncementRefused, SerializationError))
                 or not self._lost_soon(sender)
             ):
                 raise
             shown = shown_round(current_round)
-            if self.roles.last_round > current_round:  # it took the next round already: that one goes on
+            gave_up = self.roles.last_round <= current_round
+            if gave_up:
+                self._gave_up = (current_round, aggr)  # first: what shows the swarm going on is not missed
+                gave_up = self.roles.untake(current_round)
+                if not gave_up:
+                    self._gave_up = None
+            if not gave_up:
+                if self.roles.last_round <= current_round:
+                    raise RuntimeError(
+                        f"round {shown}'s model could not be received: its sender {sender} was lost, and "
+                        f"{self.site} cannot go back to the round before to have it played again"
+                    ) from e
+                # it took the next round already (or just now): that one goes on
                 log.warning("round %s's model not received (its sender %s was lost); going on", shown, sender)
                 return None
-            self._gave_up = current_round  # first: what shows the swarm going on is not missed
-            if not self.roles.untake(current_round):
-                self._gave_up = None
-                raise RuntimeError(
-                    f"round {shown}'s model could not be received: its sender {sender} was lost, and "
-                    f"{self.site} cannot go back to the round before to have it played again"
-                ) from e
             log.warning("round %s's model not received: the server lost its sender %s", shown, sender)
             self._report_round(phase="idle")
             if aggr == self.site:
@@ -486,9 +492,21 @@ class SwarmClientController(ClientSideController):
         return (
             gave_up is not None
             and type(number) is int
-            and gave_up + 1 < number < self.roles.end_round
+            and gave_up[0] + 1 < number < self.roles.end_round
             and REPLAY_KEY not in header
             and header.get("aggr") in self.roles.aggr_clients
+            and owner_among(sender, self.roles.aggr_clients) is not None
+            and self.roles.lost_owner(sender) is None
+        )
+
+    def _final_went_on_without_this(self, sender: str) -> bool:
+        """Whether a final model this client refused shows the swarm going on past the round after
+        the one it gave up (after the last round given up, the final model from that round's
+        aggregation client is taken), from an aggregation client the server did not lose."""
+        gave_up = self._gave_up
+        return (
+            gave_up is not None
+            and gave_up[0] + 1 < self.roles.end_round
             and owner_among(sender, self.roles.aggr_clients) is not None
             and self.roles.lost_owner(sender) is None
         )
@@ -496,13 +514,14 @@ class SwarmClientController(ClientSideController):
     def _left_behind(self, evidence: str) -> None:
         """End the job: this client gave a round up, and the swarm went on with it (``evidence``) in a
         way this client cannot follow: as the round's aggregation client, it has no round's model
-        to apply the results to; or a model came that is not the next one from that client."""
+        to apply the results to; or the swarm went past the next round too (a later round's model,
+        or the final model, came)."""
         gave_up = self._gave_up
         if gave_up is None:
             return
         self._gave_up = None
         self.update_status(
-            error=f"{self.site} could not receive round {shown_round(gave_up)}'s model (its sender was lost) "
+            error=f"{self.site} could not receive round {shown_round(gave_up[0])}'s model (its sender was lost) "
             f"while the swarm went on with it: {evidence}"
         )
 
@@ -561,8 +580,8 @@ class SwarmClientController(ClientSideController):
             return refused(message, why)
         site = owner_among(message.source, self.roles.train_clients)
         assert site is not None  # result_refusal checked it
-        if message.header.get("round") == self._gave_up and message.header.get(GAVE_UP_KEY) is not True:
-            self._left_behind(f"{site} had it and handed in a result")
+        if self._gave_up == (message.header.get("round"), self.site) and message.header.get(GAVE_UP_KEY) is not True:
+            self._left_behind(f"{site} had it and handed in a result")  # a round this client aggregates
         return self._intake.on_result(message, site)
 
     def _gather(self, entry: RoundGathering) -> None:
@@ -642,7 +661,7 @@ class SwarmClientController(ClientSideController):
         """The final model: saved once, on a result client, from the last round's aggregation client."""
         why = self.roles.final_refusal(message.source, message.header)
         if why:
-            if self._gave_up is not None and owner_among(message.source, self.roles.aggr_clients):
+            if self._final_went_on_without_this(message.source):
                 self._left_behind(f"the final model came from {message.source}")
             return refused(message, why)
         data = None

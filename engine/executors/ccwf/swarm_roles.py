@@ -208,7 +208,7 @@ class SwarmRoles:
                 if why is None:
                     self._replays += 1
                     self._last_aggr = aggr
-                    self._given_up = None  # the round given up is made again, from this one
+                    self._forget_given_up()
                     # the last round played again: its final model comes again, from the new aggregation client
                     self._final_taken = self._final_taken and current_round != self.end_round - 1
                 return why
@@ -237,6 +237,7 @@ class SwarmRoles:
                 self._took(current_round, aggr, self.site)
             elif current_round == self._last_round:  # played again: its new aggregation client
                 self._last_aggr = aggr
+                self._forget_given_up()
 
     def _took(self, current_round: int, aggr: str, sender: str) -> None:
         """Record a round's model taken (called with the lock held)."""
@@ -265,6 +266,13 @@ class SwarmRoles:
             self._last_round, self._last_aggr, self._last_sender, self._replays = self._before
             self._before = (None, "", "", 0)
             return True
+
+    def _forget_given_up(self) -> None:
+        """The round before the one given up is played again (lock held): the swarm did not go on
+        without this client, so what it took as if it had (a final model) does not count."""
+        if self._given_up is not None and self._given_up[0] == self.end_round - 1:
+            self._final_taken = False
+        self._given_up = None
 
     def _after_given_up(self, current_round: int) -> bool:
         """Whether ``current_round`` follows the round this client gave up last (lock held)."""

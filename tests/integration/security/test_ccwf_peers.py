@@ -278,11 +278,14 @@ def test_a_swarm_site_cannot_send_rounds_out_of_turn_nor_a_second_result(network
     assert done_0["clients"] == SWARM
 
 
-def test_a_round_model_far_larger_than_the_last_is_refused_before_it_is_pulled(network: Network) -> None:
+@pytest.mark.parametrize("sent", ["far larger", "malformed"])
+def test_a_round_model_far_larger_than_the_last_or_malformed_is_refused_before_it_is_pulled(
+    network: Network, sent: str
+) -> None:
     """A trainer bounds a peer's round model by the model it last held (2 x its bytes + 16 MiB):
-    a liar with the sending site's key cannot make it reserve or pull 20 MiB after 32 bytes. The
-    error comes at once: a refused announcement is no sign of a lost sender to wait for (the
-    heartbeat timeout and three status intervals, 17 s here)."""
+    a liar with the sending site's key cannot make it reserve or pull 20 MiB after 32 bytes, nor
+    pass off frames that are no FOBS message. The error comes at once: the sender's own doing is
+    no sign of a lost sender to wait for (the heartbeat timeout and three status intervals, 17 s here)."""
     sites = start_swarm(network)
     liar = network.open("site-1", name="site-1.liar")  # site-1's key: it sends round 2's model
     sites["site-1"].hold[0] = threading.Event()  # site-1 aggregates round 1 and trains it slowly
@@ -290,18 +293,21 @@ def test_a_round_model_far_larger_than_the_last_is_refused_before_it_is_pulled(n
         assert sites["site-1"].execute("swarm_start").get_return_code() is ReturnCode.OK
         sites["site-2"].wait_status("site-2 handed in round 1", lambda s: s.round == 0 and s.phase == "idle")
         huge = DXO(DataKind.WEIGHTS, {"w": torch.zeros(5 << 20, dtype=torch.float32)}).to_shareable()
-        frames = liar.codec.encode(huge, receivers=["site-2"])
+        frames = liar.codec.encode(huge, receivers=["site-2"]) if sent == "far larger" else [b"\x93not fobs"]
         reply = liar.cell.request(
             "site-2", CCWF_CHANNEL, "swarm_learn", {"round": 1, "aggr": "site-2"}, frames, timeout_s=WAIT_S
         )
         assert reply.ok  # admitted by its sender's role; the size is checked as it is decoded
-        sent = time.monotonic()
+        sent_at = time.monotonic()
         status = sites["site-2"].wait_status("site-2 refused it", lambda s: bool(s.error))
-        assert time.monotonic() - sent < 5
+        assert time.monotonic() - sent_at < 5
     finally:
         sites["site-1"].hold[0].set()
 
-    assert "more than round 2's model from site-1.liar (at most 2 x the model of 32 bytes" in status.error
+    if sent == "far larger":
+        assert "more than round 2's model from site-1.liar (at most 2 x the model of 32 bytes" in status.error
+    else:
+        assert status.error.startswith("round 2 on site-2: MalformedMessageError: malformed FOBS message")
     assert liar.service.bytes_served() == {}
 
 
@@ -401,12 +407,14 @@ def test_a_trainer_that_gave_a_round_up_goes_on_with_the_next_round_from_that_ro
     assert controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
     assert controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-3"}) is None
     assert controller.roles.untake(1) is True
-    controller._gave_up = 1  # as `_receive` leaves it
+    controller._gave_up = (1, "site-3")  # as `_receive` leaves it
     assert sites["site-2"].execute("swarm_lost", Shareable({LOST_KEY: ["site-1"]})).get_return_code() is ReturnCode.OK
     site_3 = network.open("site-3")
 
     assert_refused(send(sites["site-1"].endpoint, "site-2", "learn", {"round": 2, "aggr": "site-2"}), "lost it")
     assert_refused(send(site_3, "site-2", "learn", {"round": 1, "aggr": "site-3"}), "not round 1's aggregation")
+    other = network.open("site-2", name="site-2.other")  # an aggregation client, not round 2's
+    assert_refused(send(other, "site-2", "learn", {"round": 2, "aggr": "site-2"}), "not round 2's aggregation")
     reply = send(site_3, "site-2", "learn", {"round": 2, "aggr": "site-2"}, value=5.0)
 
     assert reply.status is Status.OK, reply.reason
@@ -426,7 +434,7 @@ def test_a_client_that_gave_a_round_up_ends_the_job_when_the_swarm_goes_on_past_
     assert controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
     assert controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-1"}) is None
     assert controller.roles.untake(1) is True
-    controller._gave_up = 1  # as `_receive` leaves it
+    controller._gave_up = (1, "site-1")  # as `_receive` leaves it
     liar = sites["site-1"].endpoint
     for header, reason in (
         ({"round": 10**6, "aggr": "site-1"}, "is not a round of this swarm"),

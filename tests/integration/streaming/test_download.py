@@ -14,7 +14,7 @@ import torch
 
 from engine.cells import Cell, CellSettings, Reply, Status
 from engine.cells.retry import RetryPolicy
-from engine.errors import StreamingError
+from engine.errors import AnnouncementRefused, StreamingError
 from engine.streaming.consumers import DiskConsumer, MemoryConsumer
 from engine.streaming.pull import download_tensors
 from engine.streaming.service import CHANNEL, TOPIC_CHUNK, TOPIC_INFO, DownloadService
@@ -284,7 +284,7 @@ def test_a_sender_announcing_a_lying_header_is_refused(processes: Processes) -> 
         CHANNEL, TOPIC_INFO, lambda message: Reply(header=lies, frames=[b"\x05\x00\x00\x00\x00\x00\x00\x00{nope"])
     )
 
-    with pytest.raises(StreamingError, match=r"download 'r1' from 'server': safetensors header is not valid JSON"):
+    with pytest.raises(AnnouncementRefused, match=r"download 'r1' from 'server': safetensors header is not valid JSON"):
         download_tensors(receiver, "server", "r1", per_request_timeout_s=5)
 
 

@@ -15,7 +15,7 @@ import torch
 
 from engine import fobs
 from engine.cells import Cell, CellSettings, Message, Reply
-from engine.errors import SerializationError, StreamingError
+from engine.errors import AnnouncementRefused, SerializationError, StreamingError
 from engine.streaming.pull import download_tensors
 from engine.streaming.service import DownloadService
 from engine.streaming.via_downloader import RECEIVERS_PROP, STREAMING_PROP, StreamingContext, install_via_downloader
@@ -263,7 +263,7 @@ def test_a_file_ref_is_not_pulled_as_tensors(sites: Sites) -> None:
     path.write_bytes(b"x" * 100)
     ref = sites.service.add_file(path, 64, ["site-1"], timeout_s=10)
 
-    with pytest.raises(StreamingError, match=r"the sender offers a 'file' stream, not 'tensors'"):
+    with pytest.raises(AnnouncementRefused, match=r"the sender offers a 'file' stream, not 'tensors'"):
         download_tensors(sites.clients["site-1"], "server", ref, per_request_timeout_s=10)
 
 

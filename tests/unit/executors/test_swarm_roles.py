@@ -348,3 +348,35 @@ def test_a_round_played_again_or_an_own_round_given_up_lets_no_round_skip() -> N
     assert aggregator.learn_refusal("site-1", {"round": 1, "aggr": "site-3"}) is None
     assert aggregator.untake(1) is True  # its own round: no one can have gone on with it
     assert "round 3 is ahead" in aggregator.learn_refusal("site-3.x", {"round": 2, "aggr": "site-1"})
+
+
+def test_this_client_sending_the_round_before_again_lets_no_round_skip() -> None:
+    """site-3 gave round 3 up (its sender site-1 was lost), and sends round 2 again itself (it
+    aggregated round 1): the swarm did not go on without it, so round 4 from round 3's aggregation
+    client is not taken."""
+    four = ["site-1", "site-2", "site-3", "site-4"]
+    client = roles("site-3", train_clients=four, aggr_clients=four, num_rounds=4)
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-3"}) is None
+    client.record_learn(1, "site-1")  # site-3 aggregated round 1 and sent round 2
+    assert client.learn_refusal("site-1", {"round": 2, "aggr": "site-2"}) is None
+    assert client.untake(2) is True
+
+    client.record_learn(1, "site-4")  # round 2 sent again by site-3, to site-4 (site-1 was lost)
+    assert "round 4 is ahead" in client.learn_refusal("site-2", {"round": 3, "aggr": "site-3"})
+    assert client.latest == (1, "site-4")
+
+
+def test_a_final_model_taken_after_the_last_round_was_given_up_does_not_count_once_it_is_played_again() -> None:
+    three = ["site-1", "site-2", "site-3"]
+    client = roles("site-3", train_clients=three, aggr_clients=three, result_clients=three, num_rounds=2)
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert client.learn_refusal("site-1", {"round": 1, "aggr": "site-2"}) is None
+    assert client.untake(1) is True
+    assert client.final_refusal("site-2", {"round": 1}) is None
+    assert client.final_taken
+
+    # the server had round 1 played again instead: the last round, and its final model, come again
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-3", REPLAY_KEY: ["site-2"]}) is None
+    assert not client.final_taken
+    client.record_learn(1, "site-1")  # site-3 aggregated round 1 again and sent the last round
+    assert client.final_refusal("site-1", {"round": 1}) is None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.errors import DownloadRefused, StreamingError
+from engine.errors import AnnouncementRefused, DownloadRefused, StreamingError
 from engine.streaming.downloadable import FileDownloadable, TensorDownloadable
 from engine.streaming.layout import StreamLayout
 from engine.streaming.pull import ByteBudget
@@ -288,7 +288,7 @@ def test_a_byte_budget_is_shared_and_refuses_before_taking() -> None:
 
     budget.take(60, "download a", chunk_bytes=4096)
     with pytest.raises(
-        StreamingError, match=r"download b: the sender announced 50 bytes, more than a result of site-1"
+        AnnouncementRefused, match=r"download b: the sender announced 50 bytes, more than a result of site-1"
     ):
         budget.take(50, "download b", chunk_bytes=4096)
     budget.take(40, "download c", chunk_bytes=4096)
@@ -299,7 +299,7 @@ def test_a_byte_budget_is_shared_and_refuses_before_taking() -> None:
 def test_a_byte_budget_refuses_tiny_chunks() -> None:
     budget = ByteBudget(1 << 20, "a result of site-1")
 
-    with pytest.raises(StreamingError, match="must come in chunks of at least 4096 bytes"):
+    with pytest.raises(AnnouncementRefused, match="must come in chunks of at least 4096 bytes"):
         budget.take(1 << 20, "download a", chunk_bytes=1)
 
     budget.take(100, "download b", chunk_bytes=100)  # one chunk: nothing to cut
