@@ -7,7 +7,8 @@ it, and starts the next round with another aggregation client (`RoundSender`); a
 round the final model goes to the result clients. Messages go client to client over the cells
 (routed through the server cell); tensors are pulled by whoever receives them, from the client
 that has them, with the job's chunk sizes. The server never holds a model. A client takes a peer's
-message only from the site the config names for it, for the round it expects (`SwarmRoles`).
+message only from the site the config names for it, for the round it expects (`SwarmRoles`). A
+round whose model's sender is lost as it is pulled is given up (`GiveUp`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from engine.executors.ccwf.client_side import (
     refused,
 )
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy
+from engine.executors.ccwf.swarm_give_up import GiveUp
 from engine.executors.ccwf.swarm_hand_in import ResultHandIn
 from engine.executors.ccwf.swarm_intake import GAVE_UP_KEY, ResultIntake
 from engine.executors.ccwf.swarm_roles import REPLAY_KEY, SwarmRoles
@@ -173,18 +175,12 @@ class SwarmClientController(ClientSideController):
         self._exits = contextlib.ExitStack()
         self._threads: list[threading.Thread] = []
         self.intake: ResultIntake | None = None
+        self.giving_up: GiveUp | None = None
         #: Bytes of the last round's model this client held: a peer's next model may announce at
         #: most `limits_after` it (an aggregate is the size of what it was made from); None
         #: before this client held one (a trainer's first round takes the size announced).
         self._model_bytes: int | None = None
         self._status_round_lock = threading.Lock()  # the round reported is read from the roles and sent in one go
-        #: The sender of the round's model the learner pulls now, and what stops that pull (set when
-        #: the server loses the sender, or the job ends).
-        self._pulling: tuple[str, threading.Event] | None = None
-        #: The round this client gave up (`_receive`: its model's sender was lost as it was pulled)
-        #: and that round's aggregation client, while it waits for the round before to be played
-        #: again or the swarm to go on without it; None when it gave none up.
-        self._gave_up: tuple[int, str] | None = None
 
     def use_job_paths(self, paths: JobPaths) -> None:
         """Check ``download_to_disk_dir`` (when downloads go to disk) against the folders the site allows.
@@ -216,6 +212,7 @@ class SwarmClientController(ClientSideController):
                 "not a shareable generator"
             )
         self.roles = SwarmRoles.from_config(self.site, config)
+        self.giving_up = GiveUp(self.site, self.roles, self.stopped, lambda reason: self.update_status(error=reason))
         if config.get("starting_client") and config["starting_client"] != self.site:
             self.persistor.drop_initial_model()  # another client starts the swarm
         if self.download_to_disk:
@@ -299,16 +296,13 @@ class SwarmClientController(ClientSideController):
         if new:
             log.warning("the server lost %s: the swarm goes on without them", ", ".join(new))
             self._intake.lose(new)
-            pulling = self._pulling
-            if pulling is not None and owner_among(pulling[0], new):
-                pulling[1].set()  # the round's model cannot come whole any more
+            self.give_up.senders_lost(new)
         return Shareable()
 
     def finalize(self) -> None:
         self.stopped.set()
-        pulling = self._pulling
-        if pulling is not None:
-            pulling[1].set()
+        if self.giving_up is not None:
+            self.giving_up.stop()
         for thread in self._threads:
             thread.join(5.0)
         if self.intake is not None:
@@ -337,8 +331,8 @@ class SwarmClientController(ClientSideController):
         header = dict(message.header)
         why = self.roles.learn_refusal(message.source, header)
         if why:
-            if self._went_on_without_this(message.source, header):
-                self._left_behind(f"round {shown_round(header['round'])}'s model came from {message.source}")
+            if self.give_up.went_on_past(message.source, header):
+                self.give_up.left_behind(f"round {shown_round(header['round'])}'s model came from {message.source}")
             return refused(message, why)
         self._accept_learn(header, list(message.frames), [], sender=message.source)
         return Reply(header={})
@@ -350,7 +344,7 @@ class SwarmClientController(ClientSideController):
         admitted by `SwarmRoles.learn_refusal`; None for a model this client made itself.
         """
         current_round = int(header["round"])
-        self._gave_up = None
+        self.give_up.taken()
         if sender is None:
             self.roles.record_learn(current_round, str(header["aggr"]))
         if header["aggr"] == self.site:
@@ -432,111 +426,40 @@ class SwarmClientController(ClientSideController):
         Raises:
             StreamingError: The pull failed, and the server did not lose the sender.
         """
-        stop = threading.Event()
-        self._pulling = (str(sender), stop)
-        # Looked at once published: a loss told (or the job ended) before is not missed.
-        if self.stopped.is_set() or self.roles.lost_owner(str(sender)):
-            stop.set()
-        try:
-            limits = limits_after(self._model_bytes, f"round {current_round + 1}'s model from {sender}")
-            data = self.codec.decode(payload, sender=sender, stop=stop, **limits)
-        except Exception as e:
-            # A refused announcement or a malformed message is the sender's doing: no loss to wait for.
-            if (
-                self.stopped.is_set()
-                or sender is None
-                or isinstance(e, (AnnouncementRefused, SerializationError))
-                or not self._lost_soon(sender)
-            ):
-                raise
-            shown = shown_round(current_round)
-            gave_up = self.roles.last_round <= current_round
-            if gave_up:
-                self._gave_up = (current_round, aggr)  # first: what shows the swarm going on is not missed
-                gave_up = self.roles.untake(current_round)
-                if not gave_up:
-                    self._gave_up = None
-            if not gave_up:
-                if self.roles.last_round <= current_round:
-                    raise RuntimeError(
-                        f"round {shown}'s model could not be received: its sender {sender} was lost, and "
-                        f"{self.site} cannot go back to the round before to have it played again"
-                    ) from e
-                # it took the next round already (or just now): that one goes on
-                log.warning("round %s's model not received (its sender %s was lost); going on", shown, sender)
+        with self.give_up.pulling(str(sender)) as stop:
+            try:
+                limits = limits_after(self._model_bytes, f"round {current_round + 1}'s model from {sender}")
+                data = self.codec.decode(payload, sender=sender, stop=stop, **limits)
+            except Exception as e:
+                # A refused announcement or a malformed message is the sender's doing: no loss to wait for.
+                if (
+                    self.stopped.is_set()
+                    or sender is None
+                    or isinstance(e, (AnnouncementRefused, SerializationError))
+                    or not self.give_up.lost_soon(sender, self._loss_judged_within_s())
+                ):
+                    raise
+                shown = shown_round(current_round)
+                if not self.give_up.round(current_round, aggr, sender, e):  # it took a later round: that one goes on
+                    log.warning("round %s's model not received (its sender %s was lost); going on", shown, sender)
+                    return None
+                log.warning("round %s's model not received: the server lost its sender %s", shown, sender)
+                self._report_round(phase="idle")
+                if aggr == self.site:
+                    had_it = self._intake.abandon(current_round)
+                    if had_it:
+                        self.give_up.left_behind(f"{', '.join(had_it)} had it and handed in a result")
+                elif self.roles.trains:  # the round's aggregation client waits for no result of this client
+                    result = failed(ReturnCode.EXECUTION_EXCEPTION, f"{e}"[:300])
+                    self.hand_in.submit(aggr, current_round, result, gave_up=True)
                 return None
-            log.warning("round %s's model not received: the server lost its sender %s", shown, sender)
-            self._report_round(phase="idle")
-            if aggr == self.site:
-                had_it = self._intake.abandon(current_round)
-                if had_it:
-                    self._left_behind(f"{', '.join(had_it)} had it and handed in a result")
-            elif self.roles.trains:  # the round's aggregation client waits for no result of this client
-                result = failed(ReturnCode.EXECUTION_EXCEPTION, f"{e}"[:300])
-                self.hand_in.submit(aggr, current_round, result, gave_up=True)
-            return None
-        finally:
-            self._pulling = None
         self._model_bytes = payload_bytes(data)
         return data
 
-    def _went_on_without_this(self, sender: str, header: dict[str, Any]) -> bool:
-        """Whether a round's model this client refused shows the swarm going on past the round it gave
-        up in a way it cannot follow: past the next round too (the next round's model, from the
-        round's aggregation client, is taken: `SwarmRoles.learn_refusal`).
-
-        Only a well-formed model of a later round, from an aggregation client the server did not
-        lose, naming an aggregation client, and not a round played again, counts.
-        """
-        gave_up, number = self._gave_up, header.get("round")
-        return (
-            gave_up is not None
-            and type(number) is int
-            and gave_up[0] + 1 < number < self.roles.end_round
-            and REPLAY_KEY not in header
-            and header.get("aggr") in self.roles.aggr_clients
-            and owner_among(sender, self.roles.aggr_clients) is not None
-            and self.roles.lost_owner(sender) is None
-        )
-
-    def _final_went_on_without_this(self, sender: str) -> bool:
-        """Whether a final model this client refused shows the swarm going on past the round after
-        the one it gave up (after the last round given up, the final model from that round's
-        aggregation client is taken), from an aggregation client the server did not lose."""
-        gave_up = self._gave_up
-        return (
-            gave_up is not None
-            and gave_up[0] + 1 < self.roles.end_round
-            and owner_among(sender, self.roles.aggr_clients) is not None
-            and self.roles.lost_owner(sender) is None
-        )
-
-    def _left_behind(self, evidence: str) -> None:
-        """End the job: this client gave a round up, and the swarm went on with it (``evidence``) in a
-        way this client cannot follow: as the round's aggregation client, it has no round's model
-        to apply the results to; or the swarm went past the next round too (a later round's model,
-        or the final model, came)."""
-        gave_up = self._gave_up
-        if gave_up is None:
-            return
-        self._gave_up = None
-        self.update_status(
-            error=f"{self.site} could not receive round {shown_round(gave_up[0])}'s model (its sender was lost) "
-            f"while the swarm went on with it: {evidence}"
-        )
-
-    def _lost_soon(self, sender: str) -> bool:
-        """Whether the server says ``sender`` is lost, now or within the time it takes it to judge a
-        dead client (the heartbeat timeout and three status intervals)."""
+    def _loss_judged_within_s(self) -> float:
+        """How long the server takes to say a dead client is lost: the heartbeat timeout and three status intervals."""
         interval_s = float(self.config.get("status_interval", DEFAULT_STATUS_INTERVAL_S))
-        deadline = time.monotonic() + self.cell.settings.heartbeat_timeout_s + 3 * interval_s
-        while not self.stopped.is_set():
-            if self.roles.lost_owner(sender):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            self.stopped.wait(0.2)
-        return False
+        return self.cell.settings.heartbeat_timeout_s + 3 * interval_s
 
     def _train_after_peers(self, data: Shareable, served: list[str]) -> Shareable:
         """This client's own round model, once the peers have pulled theirs from the same tensors.
@@ -560,6 +483,12 @@ class SwarmClientController(ClientSideController):
     # ----------------------------------------------------------------- aggregating a round
 
     @property
+    def give_up(self) -> GiveUp:
+        """The round this client gives up when its model's sender is lost as it is pulled (`GiveUp`)."""
+        assert self.giving_up is not None, "the config task has not run"
+        return self.giving_up
+
+    @property
     def _intake(self) -> ResultIntake:
         assert self.intake is not None, "the config task has not run"
         return self.intake
@@ -580,8 +509,11 @@ class SwarmClientController(ClientSideController):
             return refused(message, why)
         site = owner_among(message.source, self.roles.train_clients)
         assert site is not None  # result_refusal checked it
-        if self._gave_up == (message.header.get("round"), self.site) and message.header.get(GAVE_UP_KEY) is not True:
-            self._left_behind(f"{site} had it and handed in a result")  # a round this client aggregates
+        if (
+            self.give_up.result_shows_it_went_on(message.header.get("round"))
+            and message.header.get(GAVE_UP_KEY) is not True
+        ):
+            self.give_up.left_behind(f"{site} had it and handed in a result")
         return self._intake.on_result(message, site)
 
     def _gather(self, entry: RoundGathering) -> None:
@@ -661,8 +593,8 @@ class SwarmClientController(ClientSideController):
         """The final model: saved once, on a result client, from the last round's aggregation client."""
         why = self.roles.final_refusal(message.source, message.header)
         if why:
-            if self._final_went_on_without_this(message.source):
-                self._left_behind(f"the final model came from {message.source}")
+            if self.give_up.final_went_on_past(message.source):
+                self.give_up.left_behind(f"the final model came from {message.source}")
             return refused(message, why)
         data = None
         try:
@@ -676,7 +608,7 @@ class SwarmClientController(ClientSideController):
             return refused(message, f"the final model could not be saved: {type(e).__name__}: {e}")
         finally:
             cleanup_lazy_refs(data)
-        self._gave_up = None  # a last round given up: the swarm finished it without this client
+        self.give_up.taken()  # a last round given up: the swarm finished it without this client
         self.update_status(phase="done")
         return Reply(header={})
 

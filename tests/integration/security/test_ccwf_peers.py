@@ -406,8 +406,7 @@ def test_a_trainer_that_gave_a_round_up_goes_on_with_the_next_round_from_that_ro
     controller = sites["site-2"].controller
     assert controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
     assert controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-3"}) is None
-    assert controller.roles.untake(1) is True
-    controller._gave_up = (1, "site-3")  # as `_receive` leaves it
+    assert controller.give_up.round(1, "site-3", "site-1") is True  # as `_receive` does when its pull fails
     assert sites["site-2"].execute("swarm_lost", Shareable({LOST_KEY: ["site-1"]})).get_return_code() is ReturnCode.OK
     site_3 = network.open("site-3")
 
@@ -420,7 +419,7 @@ def test_a_trainer_that_gave_a_round_up_goes_on_with_the_next_round_from_that_ro
     assert reply.status is Status.OK, reply.reason
     status = sites["site-2"].wait_status("site-2 trains round 3", lambda s: s.round == 2 and s.phase == "training")
     assert status.aggr == "site-2" and sites["site-2"].errors() == []
-    assert controller._gave_up is None
+    assert controller.give_up.given_up is None
 
 
 def test_a_client_that_gave_a_round_up_ends_the_job_when_the_swarm_goes_on_past_the_next_round(
@@ -433,8 +432,7 @@ def test_a_client_that_gave_a_round_up_ends_the_job_when_the_swarm_goes_on_past_
     controller = sites["site-2"].controller
     assert controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
     assert controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-1"}) is None
-    assert controller.roles.untake(1) is True
-    controller._gave_up = (1, "site-1")  # as `_receive` leaves it
+    assert controller.give_up.round(1, "site-1", "site-1") is True  # as `_receive` does when its pull fails
     liar = sites["site-1"].endpoint
     for header, reason in (
         ({"round": 10**6, "aggr": "site-1"}, "is not a round of this swarm"),
