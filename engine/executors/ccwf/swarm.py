@@ -593,7 +593,7 @@ class SwarmClientController(ClientSideController):
         """The final model: saved once, on a result client, from the last round's aggregation client."""
         why = self.roles.final_refusal(message.source, message.header)
         if why:
-            if self.give_up.final_went_on_past(message.source):
+            if self.give_up.final_went_on_past(message.source, message.header):
                 self.give_up.left_behind(f"the final model came from {message.source}")
             return refused(message, why)
         data = None

@@ -88,24 +88,27 @@ class GiveUp:
 
     def round(self, current_round: int, aggr: str, sender: str, cause: BaseException | None = None) -> bool:
         """Give round ``current_round`` (aggregated by ``aggr``, its model from ``sender``) up; False
-        when this client took a later round already (it goes on with that one).
+        when this client took a later round (it goes on with that one) or the final model already.
 
         Raises:
             RuntimeError: The round cannot be given up (`SwarmRoles.untake`), and no later round
                 was taken: the job ends with the reason.
         """
-        if self.roles.last_round > current_round:
+        if self._went_on(current_round):
             return False
         self.given_up = (current_round, aggr)  # first: what shows the swarm going on is not missed
         if self.roles.untake(current_round):
             return True
         self.given_up = None
-        if self.roles.last_round > current_round:  # the next round came meanwhile
+        if self._went_on(current_round):  # the next round, or the final model, came meanwhile
             return False
         raise RuntimeError(
             f"round {shown_round(current_round)}'s model could not be received: its sender {sender} was lost, and "
             f"{self.site} cannot go back to the round before to have it played again"
         ) from cause
+
+    def _went_on(self, current_round: int) -> bool:
+        return self.roles.last_round > current_round or self.roles.final_taken
 
     def taken(self) -> None:
         """A round's model (or the final model) was taken: nothing is given up any more."""
@@ -128,14 +131,18 @@ class GiveUp:
             and self._from_an_aggregation_client_left(sender)
         )
 
-    def final_went_on_past(self, sender: str) -> bool:
+    def final_went_on_past(self, sender: str, header: Mapping[str, Any]) -> bool:
         """Whether a final model this client refused shows the swarm going on past the round after
         the one given up (after the last round given up, the final model from that round's
-        aggregation client is taken), from an aggregation client the server did not lose."""
-        given_up = self.given_up
+        aggregation client is taken): only a well-formed one, of the last round, to a result
+        client, from an aggregation client the server did not lose."""
+        given_up, last = self.given_up, self.roles.end_round - 1
         return (
             given_up is not None
-            and given_up[0] + 1 < self.roles.end_round
+            and given_up[0] < last
+            and type(header.get("round")) is int
+            and header["round"] == last
+            and self.site in self.roles.result_clients
             and self._from_an_aggregation_client_left(sender)
         )
 

@@ -256,10 +256,11 @@ class SwarmRoles:
         Returns:
             False (nothing changed) when round ``current_round`` is not the last one taken, or the
             round just before it was not the one taken before it (a client that does not train
-            takes only the rounds it aggregates; a round given up already is not there either).
+            takes only the rounds it aggregates; a round given up already is not there either),
+            or the final model was taken meanwhile (the swarm finished without this client's pull).
         """
         with self._lock:
-            if self._last_round != current_round or self._before[0] != current_round - 1:
+            if self._last_round != current_round or self._before[0] != current_round - 1 or self._final_taken:
                 return False  # not the last round taken, or the round before it was not taken (or given up)
             # Its own round given up, it cannot have gone on without this client.
             self._given_up = (current_round, self._last_aggr) if self._last_aggr != self.site else None

@@ -422,6 +422,28 @@ def test_a_trainer_that_gave_a_round_up_goes_on_with_the_next_round_from_that_ro
     assert controller.give_up.given_up is None
 
 
+def test_a_trainer_that_gave_the_last_round_up_saves_the_final_model_from_that_rounds_aggregation_client(
+    network: Network,
+) -> None:
+    """As above, with round 2 the last: site-2 takes the final model from site-3 (round 2's
+    aggregation client, which had the round whole), saves it and is done; site-1's is refused."""
+    three = [*SWARM, "site-3"]
+    sites = start_swarm(network, num_rounds=2, train_clients=three, aggr_clients=three, participants=three)
+    controller = sites["site-2"].controller
+    assert controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-3"}) is None
+    assert controller.give_up.round(1, "site-3", "site-1") is True  # as `_receive` does when its pull fails
+    site_3 = network.open("site-3")
+
+    assert_refused(send(sites["site-1"].endpoint, "site-2", "final", {"round": 1}), "not the last round's aggregation")
+    reply = send(site_3, "site-2", "final", {"round": 1}, value=5.0)
+
+    assert reply.status is Status.OK, reply.reason
+    assert sites["site-2"].wait_status("site-2 saved it", lambda s: s.phase == "done")
+    assert torch.equal(sites["site-2"].persistor.saved[-1].params["w"], torch.full((4,), 5.0, dtype=torch.float64))
+    assert controller.give_up.given_up is None and sites["site-2"].errors() == []
+
+
 def test_a_client_that_gave_a_round_up_ends_the_job_when_the_swarm_goes_on_past_the_next_round(
     network: Network,
 ) -> None:

@@ -44,6 +44,27 @@ def test_a_round_given_up_goes_back_to_the_round_before_once() -> None:
     assert tracker.given_up is None
 
 
+def test_a_round_whose_next_one_comes_as_it_is_given_up_is_not_given_up() -> None:
+    tracker, _ = give_up()
+    untake = tracker.roles.untake
+
+    def untake_once_the_next_round_came(current_round: int) -> bool:  # the learner's race with a handler
+        assert tracker.roles.learn_refusal("site-2", {"round": 2, "aggr": "site-3"}) is None
+        return untake(current_round)
+
+    tracker.roles.untake = untake_once_the_next_round_came  # type: ignore[method-assign]
+    assert tracker.round(1, "site-2", "site-1") is False
+    assert tracker.given_up is None and tracker.roles.latest == (2, "site-3")
+
+
+def test_the_last_round_is_not_given_up_once_its_final_model_was_taken() -> None:
+    tracker, _ = give_up(num_rounds=2)
+    assert tracker.roles.final_refusal("site-2", {"round": 1}) is None  # site-2 aggregated it: the final model
+
+    assert tracker.round(1, "site-2", "site-1") is False
+    assert tracker.roles.latest == (1, "site-2") and tracker.roles.final_taken
+
+
 def test_a_round_whose_next_one_was_taken_already_is_not_given_up() -> None:
     tracker, _ = give_up()
     assert tracker.roles.learn_refusal("site-2", {"round": 2, "aggr": "site-3"}) is None
@@ -80,8 +101,11 @@ def test_a_final_model_shows_the_swarm_went_on_only_past_the_round_after_the_one
     tracker.round(1, "site-2", "site-1")
     tracker.roles.lose(["site-1"])
 
-    assert tracker.final_went_on_past("site-2") is shows
-    assert tracker.final_went_on_past("site-1") is False  # lost
+    last = {"round": num_rounds - 1}
+    assert tracker.final_went_on_past("site-2", last) is shows
+    assert tracker.final_went_on_past("site-1", last) is False  # lost
+    for malformed in ({"round": num_rounds - 2}, {"round": str(num_rounds - 1)}, {}):
+        assert tracker.final_went_on_past("site-2", malformed) is False
 
 
 def test_a_result_shows_the_swarm_went_on_only_with_a_round_this_client_aggregates() -> None:

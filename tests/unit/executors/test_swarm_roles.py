@@ -367,16 +367,19 @@ def test_this_client_sending_the_round_before_again_lets_no_round_skip() -> None
 
 
 def test_a_final_model_taken_after_the_last_round_was_given_up_does_not_count_once_it_is_played_again() -> None:
+    """site-3 gave the last round up (site-2, its sender, was lost) and took the final model from its
+    aggregation client site-1; the server had round 2 played again after all (by site-1, who sent
+    it first): the final model taken counts no more, and the one made again is taken."""
     three = ["site-1", "site-2", "site-3"]
-    client = roles("site-3", train_clients=three, aggr_clients=three, result_clients=three, num_rounds=2)
+    client = roles("site-3", train_clients=three, aggr_clients=three, result_clients=three, num_rounds=3)
     assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
     assert client.learn_refusal("site-1", {"round": 1, "aggr": "site-2"}) is None
-    assert client.untake(1) is True
-    assert client.final_refusal("site-2", {"round": 1}) is None
+    assert client.learn_refusal("site-2", {"round": 2, "aggr": "site-1"}) is None
+    assert client.untake(2) is True
+    assert client.final_refusal("site-1", {"round": 2}) is None
     assert client.final_taken
 
-    # the server had round 1 played again instead: the last round, and its final model, come again
-    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-3", REPLAY_KEY: ["site-2"]}) is None
+    assert client.learn_refusal("site-1", {"round": 1, "aggr": "site-3", REPLAY_KEY: ["site-2"]}) is None
     assert not client.final_taken
-    client.record_learn(1, "site-1")  # site-3 aggregated round 1 again and sent the last round
-    assert client.final_refusal("site-1", {"round": 1}) is None
+    client.record_learn(2, "site-1")  # site-3 aggregated round 2 again and sent the last round
+    assert client.final_refusal("site-1", {"round": 2}) is None
