@@ -395,18 +395,27 @@ def test_only_a_named_evaluator_gets_a_sites_model(network: Network) -> None:
     assert "site-1 is not one of the evaluators (site-2)" in not_an_evaluator.get_header("reason")
 
 
+def gave_round_2_up(network: Network, num_rounds: int) -> dict[str, Site]:
+    """A swarm of site-1, site-2 and site-3 (site-3 a bare endpoint opened by the test) where site-2
+    took round 1, and gave round 2 up: its model, from site-1, aggregated by site-3, did not come
+    whole (as `_receive` gives it up when the pull fails)."""
+    three = [*SWARM, "site-3"]
+    sites = start_swarm(network, num_rounds=num_rounds, train_clients=three, aggr_clients=three, participants=three)
+    controller = sites["site-2"].controller
+    assert controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-3"}) is None
+    assert controller.give_up.round(1, "site-3", "site-1") is True
+    return sites
+
+
 def test_a_trainer_that_gave_a_round_up_goes_on_with_the_next_round_from_that_rounds_aggregation_client(
     network: Network,
 ) -> None:
     """site-2 could not pull round 2's model (site-1, its sender, was lost) and went back to round 1;
     site-3 had round 2's model whole and aggregated it without site-2: site-2 misses round 2, takes
     round 3's model from site-3 (from no one else) and trains it, with no error."""
-    three = [*SWARM, "site-3"]
-    sites = start_swarm(network, num_rounds=3, train_clients=three, aggr_clients=three, participants=three)
+    sites = gave_round_2_up(network, num_rounds=3)
     controller = sites["site-2"].controller
-    assert controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
-    assert controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-3"}) is None
-    assert controller.give_up.round(1, "site-3", "site-1") is True  # as `_receive` does when its pull fails
     assert sites["site-2"].execute("swarm_lost", Shareable({LOST_KEY: ["site-1"]})).get_return_code() is ReturnCode.OK
     site_3 = network.open("site-3")
 
@@ -427,12 +436,8 @@ def test_a_trainer_that_gave_the_last_round_up_saves_the_final_model_from_that_r
 ) -> None:
     """As above, with round 2 the last: site-2 takes the final model from site-3 (round 2's
     aggregation client, which had the round whole), saves it and is done; site-1's is refused."""
-    three = [*SWARM, "site-3"]
-    sites = start_swarm(network, num_rounds=2, train_clients=three, aggr_clients=three, participants=three)
+    sites = gave_round_2_up(network, num_rounds=2)
     controller = sites["site-2"].controller
-    assert controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
-    assert controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-3"}) is None
-    assert controller.give_up.round(1, "site-3", "site-1") is True  # as `_receive` does when its pull fails
     site_3 = network.open("site-3")
 
     assert_refused(send(sites["site-1"].endpoint, "site-2", "final", {"round": 1}), "not the last round's aggregation")
