@@ -4,6 +4,8 @@ client dying, progress stalling, an evaluator failing one validation)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from tests.integration.runtime.jobkit import (
     in_background,
     kill_when_a_download_starts,
     make_swarm_job,
+    pids_of,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -221,6 +224,69 @@ def test_an_aggregation_client_dying_as_its_next_rounds_model_is_pulled_costs_th
     deltas = [expected_delta(3, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
     for site in ("site-1", "site-3"):
         assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
+
+
+def paused(root: Path, site: str, timeout_s: float = 60.0) -> Path:
+    """Wait until ``site``'s script waits before its task (the bench script's ``--pause``); its go file."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := list(root.rglob(f".paused-{site}"))):
+        assert time.monotonic() < deadline, f"{site} never reached its pause"
+        time.sleep(0.05)
+    return found[0].with_name(f".go-{site}")
+
+
+def wait_for_line(path: Path, text: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and text in path.read_text(errors="replace")):
+        assert time.monotonic() < deadline, f"no {text!r} in {path}"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow  # end to end; CI runs it with -m slow
+def test_a_trainer_that_could_not_pull_a_dead_senders_model_misses_one_round_while_the_others_go_on(
+    simulate, tmp_path: Path
+) -> None:
+    """site-2 aggregates round 2 and sends round 3's model; site-3 (round 3's aggregation client) and
+    site-4 pull it whole, and site-2 dies (SIGKILL) before site-1, still busy with round 2, pulled
+    it. Told by the server that site-2 is lost, site-1 gives round 3 up; site-3 aggregates round 3
+    with site-4 and sends round 4's model on, which site-1 takes from it: site-1 misses one round,
+    and the job completes with the exact model of the rounds that counted."""
+    workspace = tmp_path / "workspace"
+    job = make_swarm_job(
+        tmp_path,
+        num_rounds=4,
+        num_clients=4,
+        script_args="--pause site-1:1 --pause site-3:2 --pause site-4:2",
+        swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
+        controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 3},
+    )
+    initial = initial_model(job, 2, 32)
+    running = in_background(simulate, job)
+
+    go_3, go_4 = paused(tmp_path, "site-3"), paused(tmp_path, "site-4")  # both hold round 3's model whole
+    for pid in pids_of(str(tmp_path), "--site site-2"):
+        os.kill(pid, signal.SIGKILL)
+    site_1_log = workspace / "site-1" / "log.txt"
+    wait_for_line(site_1_log, "the server lost site-2")
+    paused(tmp_path, "site-1").touch()  # its round 2 goes on; then it pulls round 3's model, in vain
+    wait_for_line(site_1_log, "round 3's model not received: the server lost its sender site-2")
+    go_3.touch()
+    go_4.touch()
+    result, output = running()
+
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    rounds = read_json(workspace / "summary.json")["rounds"]
+    assert [(entry["round"], entry["aggregator"]) for entry in rounds] == [
+        (1, "site-1"),
+        (2, "site-2"),
+        (3, "site-3"),
+        (4, "site-4"),
+    ]
+    assert rounds[2]["clients"] == ["site-3", "site-4"]  # site-1 gave round 3 up
+    assert rounds[3]["clients"] == ["site-1", "site-3", "site-4"]  # and trained round 4
+    deltas = [expected_delta(4, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
+    for site in ("site-1", "site-3", "site-4"):
+        assert_moved_by(final_model(workspace, site), initial, sum(deltas))
 
 
 @pytest.mark.slow  # end to end; CI runs it with -m slow

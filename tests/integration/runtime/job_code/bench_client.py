@@ -6,6 +6,7 @@ Site k adds ``k * 0.001`` to every parameter and reports ``NUM_STEPS_CURRENT_ROU
 trains, once, so a process started again in its folder trains on), bad_shape, sleep (``--sleep-s``),
 pause (before it receives its task of round R, counted from 0: it writes ``.paused-SITE`` next to
 this script and waits for the test to write ``.go-SITE``; the task's tensors are pulled after).
+``--pause SITE:N`` (repeatable) pauses that site before its task N, whatever ``--fault`` says.
 Cross-site evaluation: ``submit_model`` sends the site's last trained model, ``validate`` the
 mean of the received parameters as the metric ``mean``.
 """
@@ -27,6 +28,7 @@ parser.add_argument("--fault", choices=["none", "raise", "kill", "bad_shape", "s
 parser.add_argument("--fault-site", default="site-2")
 parser.add_argument("--fault-round", type=int, default=0)
 parser.add_argument("--sleep-s", type=float, default=30.0)
+parser.add_argument("--pause", action="append", default=[], metavar="SITE:N")
 args = parser.parse_args()
 
 flare.init()
@@ -48,6 +50,8 @@ def pause_here() -> None:
 
 while flare.is_running():
     if args.fault == "pause" and site == args.fault_site and received == args.fault_round:
+        pause_here()
+    elif f"{site}:{received}" in args.pause:
         pause_here()
     received += 1
     model = flare.receive()
