@@ -226,10 +226,11 @@ def test_an_aggregation_client_dying_as_its_next_rounds_model_is_pulled_costs_th
         assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
 
 
-def paused(root: Path, site: str, timeout_s: float = 60.0) -> Path:
-    """Wait until ``site``'s script waits before its task (the bench script's ``--pause``); its go file."""
+def paused(root: Path, site: str, marker: str = "paused", timeout_s: float = 60.0) -> Path:
+    """Wait until ``site``'s script waits (the bench script's ``--pause``, or ``--hold`` with ``marker``
+    "holding"); its go file."""
     deadline = time.monotonic() + timeout_s
-    while not (found := list(root.rglob(f".paused-{site}"))):
+    while not (found := list(root.rglob(f".{marker}-{site}"))):
         assert time.monotonic() < deadline, f"{site} never reached its pause"
         time.sleep(0.05)
     return found[0].with_name(f".go-{site}")
@@ -256,14 +257,14 @@ def test_a_trainer_that_could_not_pull_a_dead_senders_model_misses_one_round_whi
         tmp_path,
         num_rounds=4,
         num_clients=4,
-        script_args="--pause site-1:1 --pause site-3:2 --pause site-4:2",
+        script_args="--pause site-1:1 --hold site-3:2 --hold site-4:2",
         swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
         controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 3},
     )
     initial = initial_model(job, 2, 32)
     running = in_background(simulate, job)
 
-    go_3, go_4 = paused(tmp_path, "site-3"), paused(tmp_path, "site-4")  # both hold round 3's model whole
+    go_3, go_4 = (paused(tmp_path, site, "holding") for site in ("site-3", "site-4"))  # round 3's model whole
     for pid in pids_of(str(tmp_path), "--site site-2"):
         os.kill(pid, signal.SIGKILL)
     site_1_log = workspace / "site-1" / "log.txt"

@@ -6,7 +6,8 @@ Site k adds ``k * 0.001`` to every parameter and reports ``NUM_STEPS_CURRENT_ROU
 trains, once, so a process started again in its folder trains on), bad_shape, sleep (``--sleep-s``),
 pause (before it receives its task of round R, counted from 0: it writes ``.paused-SITE`` next to
 this script and waits for the test to write ``.go-SITE``; the task's tensors are pulled after).
-``--pause SITE:N`` (repeatable) pauses that site before its task N, whatever ``--fault`` says.
+``--pause SITE:N`` (repeatable) pauses that site before its task N, whatever ``--fault`` says;
+``--hold SITE:N`` (repeatable) once it received task N (its tensors here), writing ``.holding-SITE``.
 Cross-site evaluation: ``submit_model`` sends the site's last trained model, ``validate`` the
 mean of the received parameters as the metric ``mean``.
 """
@@ -29,6 +30,7 @@ parser.add_argument("--fault-site", default="site-2")
 parser.add_argument("--fault-round", type=int, default=0)
 parser.add_argument("--sleep-s", type=float, default=30.0)
 parser.add_argument("--pause", action="append", default=[], metavar="SITE:N")
+parser.add_argument("--hold", action="append", default=[], metavar="SITE:N")
 args = parser.parse_args()
 
 flare.init()
@@ -38,10 +40,10 @@ last = None
 received = 0
 
 
-def pause_here() -> None:
-    """Tell the test that this site is about to pull its task, and wait until it says go (at most 60 s)."""
+def pause_here(marker: str = "paused") -> None:
+    """Tell the test that this site is about to pull its task (or holds it), and wait until it says go (at most 60 s)."""
     folder = os.path.dirname(os.path.abspath(__file__))
-    open(os.path.join(folder, f".paused-{site}"), "w").close()
+    open(os.path.join(folder, f".{marker}-{site}"), "w").close()
     go = os.path.join(folder, f".go-{site}")
     deadline = time.monotonic() + 60
     while not os.path.exists(go) and time.monotonic() < deadline:
@@ -57,6 +59,8 @@ while flare.is_running():
     model = flare.receive()
     if model is None:
         break
+    if f"{site}:{received - 1}" in args.hold:
+        pause_here("holding")
     if flare.get_task_name() == "submit_model":
         flare.send(FLModel(params=last or {}))
         continue
