@@ -175,7 +175,7 @@ class SwarmClientController(ClientSideController):
         self._exits = contextlib.ExitStack()
         self._threads: list[threading.Thread] = []
         self.intake: ResultIntake | None = None
-        self.giving_up: GiveUp | None = None
+        self.give_up: GiveUp | None = None
         #: Bytes of the last round's model this client held: a peer's next model may announce at
         #: most `limits_after` it (an aggregate is the size of what it was made from); None
         #: before this client held one (a trainer's first round takes the size announced).
@@ -212,7 +212,7 @@ class SwarmClientController(ClientSideController):
                 "not a shareable generator"
             )
         self.roles = SwarmRoles.from_config(self.site, config)
-        self.giving_up = GiveUp(self.site, self.roles, self.stopped, lambda reason: self.update_status(error=reason))
+        self.give_up = GiveUp(self.site, self.roles, self.stopped, lambda reason: self.update_status(error=reason))
         if config.get("starting_client") and config["starting_client"] != self.site:
             self.persistor.drop_initial_model()  # another client starts the swarm
         if self.download_to_disk:
@@ -296,13 +296,13 @@ class SwarmClientController(ClientSideController):
         if new:
             log.warning("the server lost %s: the swarm goes on without them", ", ".join(new))
             self._intake.lose(new)
-            self.give_up.senders_lost(new)
+            self._give_up.senders_lost(new)
         return Shareable()
 
     def finalize(self) -> None:
         self.stopped.set()
-        if self.giving_up is not None:
-            self.giving_up.stop()
+        if self.give_up is not None:
+            self.give_up.stop()
         for thread in self._threads:
             thread.join(5.0)
         if self.intake is not None:
@@ -331,8 +331,8 @@ class SwarmClientController(ClientSideController):
         header = dict(message.header)
         why = self.roles.learn_refusal(message.source, header)
         if why:
-            if self.give_up.went_on_past(message.source, header):
-                self.give_up.left_behind(f"round {shown_round(header['round'])}'s model came from {message.source}")
+            if self._give_up.went_on_past(message.source, header):
+                self._give_up.left_behind(f"round {shown_round(header['round'])}'s model came from {message.source}")
             return refused(message, why)
         self._accept_learn(header, list(message.frames), [], sender=message.source)
         return Reply(header={})
@@ -344,7 +344,7 @@ class SwarmClientController(ClientSideController):
         admitted by `SwarmRoles.learn_refusal`; None for a model this client made itself.
         """
         current_round = int(header["round"])
-        self.give_up.taken()
+        self._give_up.taken()
         if sender is None:
             self.roles.record_learn(current_round, str(header["aggr"]))
         if header["aggr"] == self.site:
@@ -424,9 +424,13 @@ class SwarmClientController(ClientSideController):
         takes the next round's model from the round's aggregation client and misses one round.
 
         Raises:
-            StreamingError: The pull failed, and the server did not lose the sender.
+            StreamingError: The pull failed, and the server did not lose the sender (at once when
+                the sender's announcement was refused: `AnnouncementRefused`).
+            SerializationError: The message is malformed (at once).
+            RuntimeError: The server lost the sender, and the round cannot be given up
+                (`GiveUp.round`).
         """
-        with self.give_up.pulling(str(sender)) as stop:
+        with self._give_up.pulling(str(sender)) as stop:
             try:
                 limits = limits_after(self._model_bytes, f"round {current_round + 1}'s model from {sender}")
                 data = self.codec.decode(payload, sender=sender, stop=stop, **limits)
@@ -436,11 +440,11 @@ class SwarmClientController(ClientSideController):
                     self.stopped.is_set()
                     or sender is None
                     or isinstance(e, (AnnouncementRefused, SerializationError))
-                    or not self.give_up.lost_soon(sender, self._loss_judged_within_s())
+                    or not self._give_up.lost_soon(sender, self._loss_judged_within_s())
                 ):
                     raise
                 shown = shown_round(current_round)
-                if not self.give_up.round(current_round, aggr, sender, e):  # it took a later round: that one goes on
+                if not self._give_up.round(current_round, aggr, sender, e):  # it took a later round: that one goes on
                     log.warning("round %s's model not received (its sender %s was lost); going on", shown, sender)
                     return None
                 log.warning("round %s's model not received: the server lost its sender %s", shown, sender)
@@ -448,13 +452,18 @@ class SwarmClientController(ClientSideController):
                 if aggr == self.site:
                     had_it = self._intake.abandon(current_round)
                     if had_it:
-                        self.give_up.left_behind(f"{', '.join(had_it)} had it and handed in a result")
+                        self._give_up.left_behind(f"{', '.join(had_it)} had it and handed in a result")
                 elif self.roles.trains:  # the round's aggregation client waits for no result of this client
                     result = failed(ReturnCode.EXECUTION_EXCEPTION, f"{e}"[:300])
                     self.hand_in.submit(aggr, current_round, result, gave_up=True)
                 return None
         self._model_bytes = payload_bytes(data)
         return data
+
+    @property
+    def _give_up(self) -> GiveUp:
+        assert self.give_up is not None, "the config task has not run"
+        return self.give_up
 
     def _loss_judged_within_s(self) -> float:
         """How long the server takes to say a dead client is lost: the heartbeat timeout and three status intervals."""
@@ -483,12 +492,6 @@ class SwarmClientController(ClientSideController):
     # ----------------------------------------------------------------- aggregating a round
 
     @property
-    def give_up(self) -> GiveUp:
-        """The round this client gives up when its model's sender is lost as it is pulled (`GiveUp`)."""
-        assert self.giving_up is not None, "the config task has not run"
-        return self.giving_up
-
-    @property
     def _intake(self) -> ResultIntake:
         assert self.intake is not None, "the config task has not run"
         return self.intake
@@ -510,10 +513,10 @@ class SwarmClientController(ClientSideController):
         site = owner_among(message.source, self.roles.train_clients)
         assert site is not None  # result_refusal checked it
         if (
-            self.give_up.result_shows_it_went_on(message.header.get("round"))
+            self._give_up.result_shows_it_went_on(message.header.get("round"))
             and message.header.get(GAVE_UP_KEY) is not True
         ):
-            self.give_up.left_behind(f"{site} had it and handed in a result")
+            self._give_up.left_behind(f"{site} had it and handed in a result")
         return self._intake.on_result(message, site)
 
     def _gather(self, entry: RoundGathering) -> None:
@@ -593,8 +596,8 @@ class SwarmClientController(ClientSideController):
         """The final model: saved once, on a result client, from the last round's aggregation client."""
         why = self.roles.final_refusal(message.source, message.header)
         if why:
-            if self.give_up.final_went_on_past(message.source, message.header):
-                self.give_up.left_behind(f"the final model came from {message.source}")
+            if self._give_up.final_went_on_past(message.source, message.header):
+                self._give_up.left_behind(f"the final model came from {message.source}")
             return refused(message, why)
         data = None
         try:
@@ -608,7 +611,7 @@ class SwarmClientController(ClientSideController):
             return refused(message, f"the final model could not be saved: {type(e).__name__}: {e}")
         finally:
             cleanup_lazy_refs(data)
-        self.give_up.taken()  # a last round given up: the swarm finished it without this client
+        self._give_up.taken()  # a last round given up: the swarm finished it without this client
         self.update_status(phase="done")
         return Reply(header={})
 

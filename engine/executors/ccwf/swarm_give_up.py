@@ -24,6 +24,9 @@ from engine.model import shown_round
 class GiveUp:
     """The pull of a round's model in progress, and the round this client gave up, if any.
 
+    Thread-safe: the learner gives rounds up and takes them, the cell's handlers look for what
+    shows the swarm went on.
+
     Args:
         site: This client's name.
         roles: The swarm's roles as this client sees them.
@@ -38,6 +41,7 @@ class GiveUp:
         self.roles = roles
         self.stopped = stopped
         self.report_error = report_error
+        self._lock = threading.Lock()  # guards given_up where it is changed
         #: The sender of the round's model pulled now, and what stops that pull (set when the server
         #: loses the sender, or the job ends).
         self._pulling: tuple[str, threading.Event] | None = None
@@ -96,10 +100,11 @@ class GiveUp:
         """
         if self._went_on(current_round):
             return False
-        self.given_up = (current_round, aggr)  # first: what shows the swarm going on is not missed
+        with self._lock:
+            self.given_up = (current_round, aggr)  # first: what shows the swarm going on is not missed
         if self.roles.untake(current_round):
             return True
-        self.given_up = None
+        self.taken()
         if self._went_on(current_round):  # the next round, or the final model, came meanwhile
             return False
         raise RuntimeError(
@@ -112,7 +117,8 @@ class GiveUp:
 
     def taken(self) -> None:
         """A round's model (or the final model) was taken: nothing is given up any more."""
-        self.given_up = None
+        with self._lock:
+            self.given_up = None
 
     def went_on_past(self, sender: str, header: Mapping[str, Any]) -> bool:
         """Whether a round's model this client refused shows the swarm going on past the round after
@@ -155,10 +161,10 @@ class GiveUp:
         """End the job: this client gave a round up, and the swarm went on with it (``evidence``) in a
         way this client cannot follow: as the round's aggregation client, it has no round's model
         to apply the results to; or the swarm went past the next round too."""
-        given_up = self.given_up
+        with self._lock:
+            given_up, self.given_up = self.given_up, None
         if given_up is None:
             return
-        self.given_up = None
         self.report_error(
             f"{self.site} could not receive round {shown_round(given_up[0])}'s model (its sender was lost) "
             f"while the swarm went on with it: {evidence}"

@@ -12,8 +12,6 @@ import io
 import time
 from pathlib import Path
 
-import pytest
-
 from engine.runtime.simulator import run_simulation
 from engine.runtime.states import JobState
 from tests.integration.runtime.conftest import read_json
@@ -39,7 +37,6 @@ def _release(folder: Path) -> None:
         (paused.parent / ".go-site-2").touch()
 
 
-@pytest.mark.slow  # end to end; CI runs it with -m slow
 def test_a_site_that_never_pulls_costs_each_round_a_bounded_slice_and_is_flagged(tmp_path: Path) -> None:
     job = make_bench_job(
         tmp_path,

@@ -226,14 +226,14 @@ def test_an_aggregation_client_dying_as_its_next_rounds_model_is_pulled_costs_th
         assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
 
 
-def paused(root: Path, site: str, marker: str = "paused", timeout_s: float = 60.0) -> Path:
-    """Wait until ``site``'s script waits (the bench script's ``--pause``, or ``--hold`` with ``marker``
-    "holding"); its go file."""
+def paused(root: Path, site: str, task: int, marker: str = "paused", timeout_s: float = 60.0) -> Path:
+    """Wait until ``site``'s script waits before its task ``task`` (the bench script's ``--pause``),
+    or holds it (``--hold``, ``marker`` "holding"); its go file."""
     deadline = time.monotonic() + timeout_s
-    while not (found := list(root.rglob(f".{marker}-{site}"))):
-        assert time.monotonic() < deadline, f"{site} never reached its pause"
+    while not (found := list(root.rglob(f".{marker}-{site}-{task}"))):
+        assert time.monotonic() < deadline, f"{site} never reached its {marker} at task {task}"
         time.sleep(0.05)
-    return found[0].with_name(f".go-{site}")
+    return found[0].with_name(f".go-{site}-{task}")
 
 
 def wait_for_line(path: Path, text: str, timeout_s: float = 60.0) -> None:
@@ -259,17 +259,22 @@ def test_a_trainer_that_could_not_pull_a_dead_senders_model_misses_one_round_whi
         num_clients=4,
         script_args="--pause site-1:1 --hold site-3:2 --hold site-4:2",
         swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
-        controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 3},
+        # round 2 closes without site-1 (paused) once the others answered and 8 s passed
+        controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 8},
     )
     initial = initial_model(job, 2, 32)
     running = in_background(simulate, job)
 
-    go_3, go_4 = (paused(tmp_path, site, "holding") for site in ("site-3", "site-4"))  # round 3's model whole
-    for pid in pids_of(str(tmp_path), "--site site-2"):
+    # Round 3's model goes to site-3, then to site-1 (queued: its learner waits on round 2), then to
+    # site-4, one after the other: once site-3 and site-4 hold it, site-1 took it too.
+    go_3, go_4 = (paused(tmp_path, site, 2, "holding") for site in ("site-3", "site-4"))
+    site_2 = pids_of(str(tmp_path), "--site site-2")
+    assert site_2
+    for pid in site_2:
         os.kill(pid, signal.SIGKILL)
     site_1_log = workspace / "site-1" / "log.txt"
     wait_for_line(site_1_log, "the server lost site-2")
-    paused(tmp_path, "site-1").touch()  # its round 2 goes on; then it pulls round 3's model, in vain
+    paused(tmp_path, "site-1", 1).touch()  # its round 2 goes on; then it pulls round 3's model, in vain
     wait_for_line(site_1_log, "round 3's model not received: the server lost its sender site-2")
     go_3.touch()
     go_4.touch()

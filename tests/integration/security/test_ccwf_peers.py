@@ -395,6 +395,42 @@ def test_only_a_named_evaluator_gets_a_sites_model(network: Network) -> None:
     assert "site-1 is not one of the evaluators (site-2)" in not_an_evaluator.get_header("reason")
 
 
+def test_a_trainer_gives_a_round_up_when_its_models_sender_is_lost_and_goes_on_with_the_next(
+    network: Network, caplog: pytest.LogCaptureFixture
+) -> None:
+    """site-2 takes round 2's model from site-1 (a cell of it) while still training round 1; the
+    server then loses site-1. site-2's learner gets to round 2, cannot pull it, gives it up (back
+    at round 1, its result handed in as given up), and takes round 3's model from site-3, round 2's
+    aggregation client, which had it whole: the whole path of `_receive`, on real cells."""
+    three = [*SWARM, "site-3"]
+    sites = start_swarm(network, num_rounds=3, train_clients=three, aggr_clients=three, participants=three)
+    site_2 = sites["site-2"]
+    site_1 = network.open("site-1", name="site-1.sender")
+    site_3 = network.open("site-3")
+    site_2.hold[0] = threading.Event()
+    try:
+        reply = send(site_1, "site-2", "learn", {"round": 0, "aggr": "site-1"})
+        assert reply.status is Status.OK, reply.reason
+        site_2.wait_status("site-2 trains round 1", lambda s: s.round == 0 and s.phase == "training")
+        reply = send(site_1, "site-2", "learn", {"round": 1, "aggr": "site-3"})  # queued behind round 1
+        assert reply.status is Status.OK, reply.reason
+        assert site_2.execute("swarm_lost", Shareable({LOST_KEY: ["site-1"]})).get_return_code() is ReturnCode.OK
+    finally:
+        site_2.hold[0].set()
+
+    with caplog.at_level(logging.WARNING, logger="engine.executors.ccwf"):
+        site_2.wait_status(
+            "site-2 gave round 2 up", lambda s: s.round == 0 and s.phase == "idle" and s.aggr == "site-1"
+        )
+        assert site_2.controller.give_up.given_up == (1, "site-3")
+        reply = send(site_3, "site-2", "learn", {"round": 2, "aggr": "site-2"}, value=5.0)
+        assert reply.status is Status.OK, reply.reason
+        site_2.wait_status("site-2 trains round 3", lambda s: s.round == 2 and s.phase == "training")
+
+    assert "round 2's model not received: the server lost its sender site-1.sender" in caplog.text
+    assert site_2.errors() == [] and site_2.controller.give_up.given_up is None
+
+
 def gave_round_2_up(network: Network, num_rounds: int) -> dict[str, Site]:
     """A swarm of site-1, site-2 and site-3 (site-3 a bare endpoint opened by the test) where site-2
     took round 1, and gave round 2 up: its model, from site-1, aggregated by site-3, did not come

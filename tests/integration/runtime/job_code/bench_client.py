@@ -6,8 +6,9 @@ Site k adds ``k * 0.001`` to every parameter and reports ``NUM_STEPS_CURRENT_ROU
 trains, once, so a process started again in its folder trains on), bad_shape, sleep (``--sleep-s``),
 pause (before it receives its task of round R, counted from 0: it writes ``.paused-SITE`` next to
 this script and waits for the test to write ``.go-SITE``; the task's tensors are pulled after).
-``--pause SITE:N`` (repeatable) pauses that site before its task N, whatever ``--fault`` says;
-``--hold SITE:N`` (repeatable) once it received task N (its tensors here), writing ``.holding-SITE``.
+``--pause SITE:N`` (repeatable) pauses that site before its task N, whatever ``--fault`` says, and
+``--hold SITE:N`` (repeatable) once it received task N (its tensors here): it writes
+``.paused-SITE-N`` (``.holding-SITE-N``) and waits for ``.go-SITE-N``, at most 300 s.
 Cross-site evaluation: ``submit_model`` sends the site's last trained model, ``validate`` the
 mean of the received parameters as the metric ``mean``.
 """
@@ -40,12 +41,16 @@ last = None
 received = 0
 
 
-def pause_here(marker: str = "paused") -> None:
-    """Tell the test that this site is about to pull its task (or holds it), and wait until it says go (at most 60 s)."""
+def pause_here(marker: str = "paused", name: str = "", wait_s: float = 60.0) -> None:
+    """Tell the test that this site is about to pull its task (or holds it), and wait until it says go.
+
+    ``name``: what the marker and go files are named after (the site by default).
+    """
     folder = os.path.dirname(os.path.abspath(__file__))
-    open(os.path.join(folder, f".{marker}-{site}"), "w").close()
-    go = os.path.join(folder, f".go-{site}")
-    deadline = time.monotonic() + 60
+    name = name or site
+    open(os.path.join(folder, f".{marker}-{name}"), "w").close()
+    go = os.path.join(folder, f".go-{name}")
+    deadline = time.monotonic() + wait_s
     while not os.path.exists(go) and time.monotonic() < deadline:
         time.sleep(0.01)
 
@@ -54,13 +59,13 @@ while flare.is_running():
     if args.fault == "pause" and site == args.fault_site and received == args.fault_round:
         pause_here()
     elif f"{site}:{received}" in args.pause:
-        pause_here()
+        pause_here("paused", f"{site}-{received}", 300.0)
     received += 1
     model = flare.receive()
     if model is None:
         break
     if f"{site}:{received - 1}" in args.hold:
-        pause_here("holding")
+        pause_here("holding", f"{site}-{received - 1}", 300.0)
     if flare.get_task_name() == "submit_model":
         flare.send(FLModel(params=last or {}))
         continue
