@@ -77,13 +77,16 @@ FRAMES = mutated(ENVELOPES.map(encode_envelope)) | fields_with_wrong_values() | 
 @example(frame=msgpack.packb([1, 1, 5, "a", "b", "c", "t", None, {"ok": 1}, "", 0, {}]))
 @example(frame=b"\x91" * 5000 + b"\x01")  # nesting past msgpack's stack
 @example(frame=b"\xdd\xff\xff\xff\xff")  # an array declaring 4 billion fields
+# A NaN in the header round-trips, though NaN != NaN: compared by what it reads as.
+@example(frame=msgpack.packb([1, 1, 0, "server", "server", "", "", None, "ok", "", 0, {"": float("nan")}]))
 def test_decode_envelope_returns_an_envelope_or_raises_protocol_error(frame: bytes) -> None:
     try:
         envelope = decode_envelope(frame)
     except CellProtocolError as e:
         assert str(e)
         return
-    assert decode_envelope(encode_envelope(envelope)) == envelope
+    again = decode_envelope(encode_envelope(envelope))
+    assert again == envelope or repr(again) == repr(envelope)
 
 
 def test_an_envelope_over_the_size_limit_is_refused_unread() -> None:

@@ -117,7 +117,11 @@ class Sites:
         return fobs.deserialize(header, frames, fobs.DecodeContext(props={STREAMING_PROP: context}), self.receiver)
 
     def sent_files(self) -> list[Path]:
-        return sorted(self.send_dir.rglob("*"))
+        while True:
+            try:
+                return sorted(self.send_dir.rglob("*"))
+            except FileNotFoundError:  # the sender removed a folder as it was listed: list again
+                continue
 
     def received_files(self) -> list[Path]:
         return sorted(self.receive_dir.rglob("*"))
