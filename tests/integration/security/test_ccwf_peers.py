@@ -192,6 +192,8 @@ def send(liar: SiteEndpoint, target: str, topic: str, header: dict[str, Any], va
     model = DXO(DataKind.WEIGHTS, {"w": torch.full((4,), value, dtype=torch.float64)}, {"NUM_STEPS_CURRENT_ROUND": 1})
     data = model.to_shareable()
     data.set_return_code(ReturnCode.OK)
+    if topic == "learn" and type(header.get("round")) is int:
+        data.set_header("current_round", header["round"])  # as a sender's round model says
     frames = liar.codec.encode(data, receivers=[target])
     header = {**header, "trainers": SWARM}  # as senders before the role checks wrote it
     return liar.cell.request_async(target, CCWF_CHANNEL, f"swarm_{topic}", header, frames).result(WAIT_S)

@@ -320,7 +320,10 @@ def test_neither_side_holds_a_second_model(mode: str, monkeypatch: pytest.Monkey
     received, receiving = peak_growth(lambda: receive(sent, MemoryConsumer))
 
     assert serving < (4 + 16) << 20, f"serving grew by {serving >> 20} MiB"
-    assert receiving < size + (16 << 20), f"receiving grew by {receiving >> 20} MiB"
+    # The values, and the sender's side too (it runs in this process: its wire cache, each chunk's
+    # records) with a chunk's scratch: 12-16 MiB over the values, by what earlier tests left on
+    # the heap. A second model (64 MiB), or the fp16 / bf16 wire whole (32 MiB), is well over.
+    assert receiving < size + (24 << 20), f"receiving grew by {receiving >> 20} MiB"
     assert received["w"].shape == tensor.shape
 
 
