@@ -45,6 +45,16 @@ def assert_moved_by(final: dict[str, torch.Tensor], initial: dict[str, torch.Ten
         assert torch.allclose(final[name].double(), tensor.double() + delta, rtol=0, atol=1e-6), name
 
 
+def assert_rounds_that_counted(
+    workspace: Path, sites: tuple[str, ...], initial: dict[str, torch.Tensor], rounds: list[dict], num_clients: int
+) -> None:
+    """Each of ``sites`` ends with the exact model of the rounds in ``summary.json``, each moved by
+    the clients that counted in it."""
+    deltas = [expected_delta(num_clients, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
+    for site in sites:
+        assert_moved_by(final_model(workspace, site), initial, sum(deltas))
+
+
 def downloads_left(workspace: Path) -> list[Path]:
     return [path for site in SITES for path in (workspace / site / "downloads").glob("**/*")]
 
@@ -124,9 +134,7 @@ def test_a_trainer_killed_mid_upload_leaves_the_round_to_the_others(simulate, tm
     assert result.state is JobState.FINISHED_COMPLETED, output
     rounds = read_json(tmp_path / "workspace" / "summary.json")["rounds"]
     assert rounds[-1]["clients"] == ["site-1", "site-2"]
-    deltas = [expected_delta(3, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
-    for site in ("site-1", "site-2"):
-        assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
+    assert_rounds_that_counted(tmp_path / "workspace", ("site-1", "site-2"), initial, rounds, 3)
     assert "site-3 stopped answering" in output
     assert [
         p for site in ("site-1", "site-2") for p in (tmp_path / "workspace" / site / "downloads").glob("**/*")
@@ -153,9 +161,7 @@ def test_a_dead_aggregation_client_costs_its_round_which_another_plays_again(sim
     assert [(entry["round"], entry["aggregator"]) for entry in rounds] == [(1, "site-1"), (2, "site-3")]
     assert rounds[1]["clients"] == ["site-1", "site-3"]  # played again without site-2
     assert "site-1 sent round 2's model again, to another aggregation client" in output
-    deltas = [expected_delta(3, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
-    for site in ("site-1", "site-3"):
-        assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
+    assert_rounds_that_counted(tmp_path / "workspace", ("site-1", "site-3"), initial, rounds, 3)
 
 
 @pytest.mark.slow  # end to end; CI runs it with -m slow (the server's judgement: test_ccwf_server.py)
@@ -185,9 +191,7 @@ def test_an_aggregation_client_lost_with_the_next_rounds_model_costs_the_round_i
     ]
     assert rounds[1]["played_again"] is True
     assert "and was the only client with its next round: site-1 sent round 2's model again" in output
-    deltas = [expected_delta(3, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
-    for site in ("site-1", "site-3"):
-        assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
+    assert_rounds_that_counted(tmp_path / "workspace", ("site-1", "site-3"), initial, rounds, 3)
 
 
 @pytest.mark.slow  # end to end; CI runs it with -m slow (the give-up: test_ccwf_peers.py, test_swarm_roles.py)
@@ -221,9 +225,7 @@ def test_an_aggregation_client_dying_as_its_next_rounds_model_is_pulled_costs_th
         (2, "site-3", ["site-1", "site-3"]),
         (3, "site-3", ["site-1", "site-3"]),
     ]
-    deltas = [expected_delta(3, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
-    for site in ("site-1", "site-3"):
-        assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
+    assert_rounds_that_counted(tmp_path / "workspace", ("site-1", "site-3"), initial, rounds, 3)
 
 
 def paused(root: Path, site: str, task: int, marker: str = "paused", timeout_s: float = 60.0) -> Path:
@@ -290,9 +292,7 @@ def test_a_trainer_that_could_not_pull_a_dead_senders_model_misses_one_round_whi
     ]
     assert rounds[2]["clients"] == ["site-3", "site-4"]  # site-1 gave round 3 up
     assert rounds[3]["clients"] == ["site-1", "site-3", "site-4"]  # and trained round 4
-    deltas = [expected_delta(4, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
-    for site in ("site-1", "site-3", "site-4"):
-        assert_moved_by(final_model(workspace, site), initial, sum(deltas))
+    assert_rounds_that_counted(workspace, ("site-1", "site-3", "site-4"), initial, rounds, 4)
 
 
 @pytest.mark.slow  # end to end; CI runs it with -m slow
@@ -345,9 +345,7 @@ def test_a_lost_trainer_is_not_waited_for_once_the_server_tells_the_swarm(simula
         ("site-2", ["site-1", "site-2"]),
         ("site-1", ["site-1", "site-2"]),
     ]
-    deltas = [expected_delta(3, [int(site[-1]) for site in entry["clients"]]) for entry in rounds]
-    for site in ("site-1", "site-2"):
-        assert_moved_by(final_model(tmp_path / "workspace", site), initial, sum(deltas))
+    assert_rounds_that_counted(tmp_path / "workspace", ("site-1", "site-2"), initial, rounds, 3)
 
 
 @pytest.mark.slow  # end to end and long; CI runs it with -m slow
