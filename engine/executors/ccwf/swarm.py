@@ -26,7 +26,7 @@ from typing import Any
 from engine.aggregators import Aggregator, ResultRules
 from engine.aggregators.rules import marked_from_one_site
 from engine.cells import Message, Reply, Status
-from engine.errors import AnnouncementRefused, SerializationError
+from engine.errors import AnnouncementRefused, CellError, SerializationError
 from engine.executors.ccwf.client_side import (
     DEFAULT_STATUS_INTERVAL_S,
     ClientSideController,
@@ -63,8 +63,9 @@ log = logging.getLogger(__name__)
 #: Task name prefix of Swarm learning (the server side's).
 SWARM_PREFIX = "swarm"
 #: Peer topics (after ``<prefix>_``): the round's model to a trainer or the aggregation client,
-#: a trainer's result to the aggregation client, the final model to a result client.
-LEARN, RESULT, FINAL = "learn", "result", "final"
+#: a trainer's result to the aggregation client, the final model to a result client, and the
+#: aggregation client's word to a trainer that it gave the round up (`SwarmRoles.drop_refusal`).
+LEARN, RESULT, FINAL, DROP = "learn", "result", "final", "drop"
 #: Default bound on a round at its aggregation client, in seconds.
 DEFAULT_LEARN_TASK_TIMEOUT_S = 3600.0
 
@@ -181,6 +182,7 @@ class SwarmClientController(ClientSideController):
         #: before this client held one (a trainer's first round takes the size announced).
         self._model_bytes: int | None = None
         self._status_round_lock = threading.Lock()  # the round reported is read from the roles and sent in one go
+        self._drop_wait = threading.Lock()  # held while a drop waits to hear of its sender's loss (`_on_drop`)
 
     def use_job_paths(self, paths: JobPaths) -> None:
         """Check ``download_to_disk_dir`` (when downloads go to disk) against the folders the site allows.
@@ -242,7 +244,8 @@ class SwarmClientController(ClientSideController):
             self.download_to_disk,
             self.site,
         )
-        for topic, handler in ((LEARN, self._on_learn), (RESULT, self._on_result), (FINAL, self._on_final)):
+        handlers = ((LEARN, self._on_learn), (RESULT, self._on_result), (FINAL, self._on_final), (DROP, self._on_drop))
+        for topic, handler in handlers:
             self.cell.register_handler(CCWF_CHANNEL, self._topic(topic), handler)
         self._spawn(self._learn_loop, "learner")
         self.update_status(phase="configured")
@@ -383,6 +386,9 @@ class SwarmClientController(ClientSideController):
         if self.roles.aggr_of(current_round) not in (aggr, None):
             log.info("round %d's model for %s skipped: the round is played again", current_round + 1, aggr)
             return
+        if current_round > self.roles.last_round:
+            log.info("round %d's model skipped: the round was dropped", current_round + 1)
+            return
         trains = self.roles.trains
         self.hand_in.drop_held(current_round)
         self._report_round(phase="receiving")
@@ -405,6 +411,9 @@ class SwarmClientController(ClientSideController):
         if aggr != self.site:  # the aggregation client keeps the round's model (and its files)
             cleanup_lazy_refs(data)
         del data
+        if current_round > self.roles.last_round:
+            log.warning("round %d's result not handed in: the round was dropped", current_round + 1)
+            return
         result.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
         self.update_status(phase="submitting")
         if aggr == self.site:
@@ -422,6 +431,8 @@ class SwarmClientController(ClientSideController):
         the server, seeing every client back at the round before, has that one played again; or,
         when another client had the model whole and the swarm goes on with the round, this client
         takes the next round's model from the round's aggregation client and misses one round.
+        When this client is the round's aggregation client, the trainers that had the model drop
+        the round too (`_drop_at`), and the round before is played again.
 
         Raises:
             StreamingError: The pull failed, and the server did not lose the sender (at once when
@@ -444,6 +455,9 @@ class SwarmClientController(ClientSideController):
                 ):
                     raise
                 shown = shown_round(current_round)
+                if current_round > self.roles.last_round:  # dropped meanwhile (`_on_drop`)
+                    log.warning("round %s's model not received: the round was dropped", shown)
+                    return None
                 if not self._give_up.round(current_round, aggr, sender, e):  # it took a later round: that one goes on
                     log.warning("round %s's model not received (its sender %s was lost); going on", shown, sender)
                     return None
@@ -451,8 +465,8 @@ class SwarmClientController(ClientSideController):
                 self._report_round(phase="idle")
                 if aggr == self.site:
                     had_it = self._intake.abandon(current_round)
-                    if had_it:
-                        self._give_up.left_behind(f"{', '.join(had_it)} had it and handed in a result")
+                    if had_it:  # they drop the round too, so that the round before is played again
+                        self._drop_at(had_it, current_round)
                 elif self.roles.trains:  # the round's aggregation client waits for no result of this client
                     result = failed(ReturnCode.EXECUTION_EXCEPTION, f"{e}"[:300])
                     self.hand_in.submit(aggr, current_round, result, gave_up=True)
@@ -512,12 +526,63 @@ class SwarmClientController(ClientSideController):
             return refused(message, why)
         site = owner_among(message.source, self.roles.train_clients)
         assert site is not None  # result_refusal checked it
-        if (
-            self._give_up.result_shows_it_went_on(message.header.get("round"))
-            and message.header.get(GAVE_UP_KEY) is not True
-        ):
-            self._give_up.left_behind(f"{site} had it and handed in a result")
+        current_round = message.header.get("round")
+        if self._give_up.result_shows_it_went_on(current_round) and message.header.get(GAVE_UP_KEY) is not True:
+            self._drop_at([site], current_round)  # the trainer had the round's model: it drops the round too
+            return refused(
+                message, f"{self.site} gave round {shown_round(current_round)} up: its model never came whole"
+            )
         return self._intake.on_result(message, site)
+
+    def _drop_at(self, trainers: list[str], current_round: int) -> None:
+        """Have ``trainers``, which had round ``current_round``'s model this client (its aggregation
+        client) gave up, drop the round (`SwarmRoles.drop_refusal`), in the background, each asked
+        once: back at the round before with every other client, which the server then has played
+        again. One that cannot, and that the server did not lose, ends the job
+        (`GiveUp.left_behind`): the swarm cannot go on from there."""
+        shown = shown_round(current_round)
+        # A trainer may hear of the sender's loss a little after this client did (`_on_drop` waits).
+        timeout_s = self._loss_judged_within_s() + self.learn_task_ack_timeout
+
+        def drop(site: str) -> None:
+            try:
+                self.cell.request(site, CCWF_CHANNEL, self._topic(DROP), {"round": current_round}, timeout_s=timeout_s)
+                log.warning("round %s dropped at %s too: it had the round's model this client gave up", shown, site)
+            except CellError as e:
+                if site not in self.roles.lost:
+                    self._give_up.left_behind(
+                        f"{site} had it and handed in a result, and could not drop the round: {e}"
+                    )
+
+        for site in self._give_up.to_drop(trainers):
+            self._spawn(lambda site=site: drop(site), f"drop-{current_round}-{site}")
+
+    def _on_drop(self, message: Message) -> Reply:
+        """The round's aggregation client gave the round up while this client had its model: drop it
+        (`SwarmRoles.drop_refusal`) and report the round before, which the server has played again."""
+        current_round = message.header.get("round")
+        if type(current_round) is not int:
+            return refused(message, f"the message names no round number (round={current_round!r})")
+        aggr, sender = self.roles.aggr_of(current_round), self.roles.sender_of(current_round)
+        if aggr is not None and owner_among(message.source, [aggr]) and sender is not None:
+            # This client may be told of the sender's loss a little after its aggregation client
+            # was: wait for it, on one handler thread at most.
+            if self._drop_wait.acquire(blocking=False):
+                try:
+                    self._give_up.lost_soon(sender, self._loss_judged_within_s())
+                finally:
+                    self._drop_wait.release()
+        why = self.roles.drop_refusal(message.source, current_round)
+        if why:
+            return refused(message, why)
+        log.warning(
+            "round %s dropped: its aggregation client %s never got its model whole (its sender %s was lost)",
+            shown_round(current_round),
+            message.source,
+            sender,
+        )
+        self._report_round(phase="idle")
+        return Reply(header={})
 
     def _gather(self, entry: RoundGathering) -> None:
         try:

@@ -3,9 +3,11 @@
 The client gives the round up as if its model never came (`SwarmRoles.untake`): back at the round
 before, it waits for the server to have that one played again, or, when another client had the
 model whole and the swarm went on with the round, takes the next round's model from the round's
-aggregation client (`SwarmRoles.learn_refusal`) and misses one round. What it cannot follow ends
-the job (`left_behind`): the swarm going past the next round too, or, at the round's own
-aggregation client, a trainer's result of the round it has no model for.
+aggregation client (`SwarmRoles.learn_refusal`) and misses one round. At the round's own
+aggregation client, a trainer's result of the round shows a trainer had the model: that trainer
+drops the round too (`SwarmRoles.drop_refusal`), so that the round before is played again. What
+it cannot follow ends the job (`left_behind`): the swarm going past the next round too, or a
+trainer that had the round and cannot drop it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class GiveUp:
         #: The round given up and its aggregation client, while this client waits for the round
         #: before to be played again or the swarm to go on without it.
         self.given_up: tuple[int, str] | None = None
+        #: The trainers asked to drop the round given up (this client its aggregation client).
+        self._dropping: set[str] = set()
 
     # ----------------------------------------------------------------- the pull
 
@@ -102,6 +106,7 @@ class GiveUp:
             return False
         with self._lock:
             self.given_up = (current_round, aggr)  # first: what shows the swarm going on is not missed
+            self._dropping = set()
         if self.roles.untake(current_round):
             return True
         self.taken()
@@ -119,6 +124,7 @@ class GiveUp:
         """A round's model (or the final model) was taken: nothing is given up any more."""
         with self._lock:
             self.given_up = None
+            self._dropping = set()
 
     def went_on_past(self, sender: str, header: Mapping[str, Any]) -> bool:
         """Whether a round's model this client refused shows the swarm going on past the round after
@@ -157,10 +163,19 @@ class GiveUp:
         with a round this client aggregates and gave up: the trainer had its model."""
         return self.given_up == (current_round, self.site)
 
+    def to_drop(self, trainers: Sequence[str]) -> list[str]:
+        """Of ``trainers`` that had the round's model this client (its aggregation client) gave up,
+        those not asked yet to drop the round (`SwarmRoles.drop_refusal`); they count as asked now."""
+        with self._lock:
+            new = [site for site in dict.fromkeys(trainers) if site not in self._dropping]
+            self._dropping.update(new)
+        return new
+
     def left_behind(self, evidence: str) -> None:
         """End the job: this client gave a round up, and the swarm went on with it (``evidence``) in a
-        way this client cannot follow: as the round's aggregation client, it has no round's model
-        to apply the results to; or the swarm went past the next round too."""
+        way this client cannot follow: past the next round too; or, at the round's aggregation
+        client (which has no round's model to apply results to), with a trainer that had the round
+        and could not drop it."""
         with self._lock:
             given_up, self.given_up = self.given_up, None
         if given_up is None:

@@ -3,11 +3,11 @@
 The trainer offers the result (its header and the download's frames); the aggregation client
 pulls the tensors when it can. A refusal ends the offer; a timeout or an unreachable peer is tried
 again every ``interval_s`` until ``max_wait_s``, unless the swarm left the round meanwhile (it was
-played again with another aggregation client, the server lost the aggregation client, or this
-trainer took a later round's model) or the aggregation client is gone: the result is then dropped
-instead of ending the job. An offer the aggregation client may pull again until its round ends
-(it folds chunks as they land, and may have to rebuild its sum) is *held* past its timeout, and
-freed when this trainer takes a later round's model.
+played again with another aggregation client, the server lost the aggregation client, this
+trainer dropped the round, or it took a later round's model) or the aggregation client is gone:
+the result is then dropped instead of ending the job. An offer the aggregation client may pull
+again until its round ends (it folds chunks as they land, and may have to rebuild its sum) is
+*held* past its timeout, and freed when this trainer takes a later round's model.
 """
 
 from __future__ import annotations
@@ -84,8 +84,10 @@ class ResultHandIn:
         away = Absence(cell.settings.heartbeat_timeout_s)
         while not self.stopped.is_set():
             moved = self.roles.aggr_of(current_round) not in (aggr, None)  # the round was played again
-            if moved or aggr in self.roles.lost:
+            dropped = not gave_up and self.roles.last_round < current_round  # `SwarmRoles.drop_refusal`
+            if moved or dropped or aggr in self.roles.lost:
                 why = "the round went to another" if moved else "the server lost it"
+                why = "the round was dropped" if dropped else why
                 log.warning("round %d: result for %s not handed in: %s", current_round + 1, aggr, why)
                 service.drop(offers)
                 return

@@ -15,7 +15,9 @@ sites the server's config names for that role, and only for the round it expects
 - the final model only on a result client, for the last round, once, from the last round's
   aggregation client (a result client that does not train cannot tell which that was: it takes
   the first from any aggregation client);
-- nothing from a client the server lost for good (`SwarmRoles.lose`): the swarm went on without it.
+- nothing from a client the server lost for good (`SwarmRoles.lose`): the swarm went on without it;
+- a round dropped (`SwarmRoles.drop_refusal`) only at the word of its aggregation client, once the
+  server lost the client that sent the round's model.
 
 The checks answer a reason instead of raising: the controller answers it to the peer as an
 error status and the job goes on as if the message never came.
@@ -267,6 +269,40 @@ class SwarmRoles:
             self._last_round, self._last_aggr, self._last_sender, self._replays = self._before
             self._before = (None, "", "", 0)
             return True
+
+    def drop_refusal(self, sender: str, current_round: int) -> str | None:
+        """Why round ``current_round`` is not dropped at ``sender``'s word; None when it is.
+
+        Its aggregation client (``sender``) could not receive the round's model whole, its sender
+        having been lost, and gave the round up, while this client had it: this client drops the
+        round as if it never took the model, back at the round before, so that the server sees
+        every client there and has that round played again (`untake`, without the next round's
+        model that a round given up lets in: that aggregation client makes none). Only the
+        round's aggregation client may say so, for this client's last round, once the server lost
+        the round model's sender.
+        """
+        shown = shown_round(current_round)
+        why = self._lost_refusal(sender, f"a drop of round {shown}")
+        if why:
+            return why
+        with self._lock:
+            if self._last_round != current_round:
+                return f"{self.site} is not at round {shown}"
+            if owner_among(sender, [self._last_aggr]) is None:
+                return f"{sender} may not drop round {shown}: it is not its aggregation client ({self._last_aggr})"
+            if self._last_sender not in self._lost:
+                return f"round {shown}'s model came from {self._last_sender}, which the server did not lose"
+            if self._before[0] != current_round - 1 or self._final_taken:
+                return f"{self.site} cannot go back to the round before round {shown}"
+            self._last_round, self._last_aggr, self._last_sender, self._replays = self._before
+            self._before = (None, "", "", 0)
+            self._given_up = None
+        return None
+
+    def sender_of(self, current_round: int) -> str | None:
+        """The client that sent round ``current_round``'s model (None: not this client's last round)."""
+        with self._lock:
+            return self._last_sender if self._last_round == current_round else None
 
     def _forget_given_up(self) -> None:
         """The round before the one given up is played again (lock held): the swarm did not go on

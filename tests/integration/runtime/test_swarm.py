@@ -296,6 +296,55 @@ def test_a_trainer_that_could_not_pull_a_dead_senders_model_misses_one_round_whi
 
 
 @pytest.mark.slow  # end to end; CI runs it with -m slow
+def test_a_round_its_aggregation_client_could_not_pull_is_dropped_by_its_trainers_and_the_round_before_played_again(
+    simulate, tmp_path: Path
+) -> None:
+    """site-2 aggregates round 2 and sends round 3's model; site-1 and site-4 pull it whole and are
+    held, and site-2 dies (SIGKILL) before site-3, round 3's aggregation client, still busy with
+    round 2, pulled it. site-3 gives its round up; site-1 and site-4 hand it their results, which it
+    refuses, and drop the round at its word; every client is back at round 2, which site-1 (round
+    1's aggregation client) plays again: the job completes with the exact model of the rounds that
+    counted, instead of ending at site-3's first refused result."""
+    workspace = tmp_path / "workspace"
+    job = make_swarm_job(
+        tmp_path,
+        num_rounds=4,
+        num_clients=4,
+        script_args="--pause site-3:1 --hold site-1:2 --hold site-4:2",
+        swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
+        # round 2 closes without site-3 (paused) once the others answered and 8 s passed
+        controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 8},
+    )
+    initial = initial_model(job, 2, 32)
+    running = in_background(simulate, job)
+
+    # Round 3's model goes to site-3 first (queued: its learner waits on round 2), then site-1 and site-4.
+    go_1, go_4 = (paused(tmp_path, site, 2, "holding") for site in ("site-1", "site-4"))
+    site_2 = pids_of(str(tmp_path), "--site site-2")
+    assert site_2
+    for pid in site_2:
+        os.kill(pid, signal.SIGKILL)
+    site_3_log = workspace / "site-3" / "log.txt"
+    wait_for_line(site_3_log, "the server lost site-2")
+    paused(tmp_path, "site-3", 1).touch()  # its round 2 goes on; then it pulls round 3's model, in vain
+    wait_for_line(site_3_log, "round 3's model not received: the server lost its sender site-2")
+    go_1.touch()
+    go_4.touch()
+    result, output = running()
+
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    for site in ("site-1", "site-4"):
+        log_text = (workspace / site / "log.txt").read_text()
+        assert "round 3 dropped: its aggregation client site-3 never got its model whole" in log_text
+    assert "site-1 sent round 2's model again" in output
+    rounds = read_json(workspace / "summary.json")["rounds"]
+    assert [entry["round"] for entry in rounds] == [1, 2, 3, 4]
+    assert rounds[0]["clients"] == ["site-1", "site-2", "site-3", "site-4"]
+    assert all(entry["clients"] == ["site-1", "site-3", "site-4"] for entry in rounds[1:])  # round 2 again
+    assert_rounds_that_counted(workspace, ("site-1", "site-3", "site-4"), initial, rounds, 4)
+
+
+@pytest.mark.slow  # end to end; CI runs it with -m slow
 def test_a_last_aggregation_client_lost_once_every_result_client_saved_the_final_model_ends_the_swarm_done(
     simulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

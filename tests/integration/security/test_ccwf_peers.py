@@ -512,3 +512,66 @@ def test_a_client_that_gave_a_round_up_ends_the_job_when_the_swarm_goes_on_past_
         "site-2 could not receive round 2's model (its sender was lost) while the swarm went on with it: "
         "round 4's model came from site-1"
     )
+
+
+def aggregator_gave_its_round_up(network: Network, **config: Any) -> tuple[dict[str, Site], SiteEndpoint]:
+    """A swarm of site-1, site-2 and site-3 (a bare endpoint opened by the test) where both sites
+    took round 1 (aggregated by site-3) and round 2's model from site-3, aggregated by site-2;
+    site-3 was lost as site-2 pulled it, so site-2 gave its own round up (as `_receive` does),
+    while site-1 had the model whole. The lost site-3's endpoint is returned."""
+    three = [*SWARM, "site-3"]
+    sites = start_swarm(network, num_rounds=3, train_clients=three, aggr_clients=three, participants=three, **config)
+    site_3 = network.open("site-3")
+    trainer, aggregator = sites["site-1"].controller, sites["site-2"].controller
+    trainer.roles.record_learn(0, "site-3")  # site-1 started the swarm
+    assert aggregator.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-3"}) is None
+    for roles in (trainer.roles, aggregator.roles):
+        assert roles.learn_refusal("site-3", {"round": 1, "aggr": "site-2"}) is None
+    assert sites["site-2"].execute("swarm_lost", Shareable({LOST_KEY: ["site-3"]})).get_return_code() is ReturnCode.OK
+    assert aggregator.give_up.round(1, "site-2", "site-3") is True
+    return sites, site_3
+
+
+def test_a_trainer_that_had_the_round_its_aggregation_client_gave_up_drops_it_and_the_job_goes_on(
+    network: Network, caplog: pytest.LogCaptureFixture
+) -> None:
+    """site-1 hands site-2 its result of round 2, whose model site-2 never got whole: site-2 refuses
+    it and has site-1 drop the round (a liar may not), so that both are back at round 1, which the
+    server has played again; no one reports an error."""
+    sites, site_3 = aggregator_gave_its_round_up(network)
+    assert sites["site-1"].execute("swarm_lost", Shareable({LOST_KEY: ["site-3"]})).get_return_code() is ReturnCode.OK
+    trainer = sites["site-1"].controller
+    assert_refused(send(site_3, "site-1", "drop", {"round": 1}), "may not send a drop of round 2: the server lost it")
+    outsider = network.open("site-2", name="site-2.other")  # a cell of the round's aggregation client may
+    assert_refused(send(outsider, "site-1", "drop", {"round": 0}), "site-1 is not at round 1")
+    assert trainer.roles.latest == (1, "site-2")
+
+    with caplog.at_level(logging.WARNING, logger="engine.executors.ccwf"):
+        reply = send(sites["site-1"].endpoint, "site-2", "result", {"round": 1, "ok": True})
+        assert_refused(reply, "site-2 gave round 2 up: its model never came whole")
+        status = sites["site-1"].wait_status("site-1 dropped round 2", lambda s: s.round == 0 and s.phase == "idle")
+        assert_refused(send(sites["site-1"].endpoint, "site-2", "result", {"round": 1, "ok": True}), "gave round 2 up")
+        time.sleep(0.5)  # a second result asks for no second drop (site-1 would refuse it, ending the job)
+
+    assert status.aggr == "site-3"  # the round before, as the server judges the loss of site-3 by
+    assert trainer.roles.latest == (0, "site-3")
+    assert "round 2 dropped: its aggregation client site-2 never got its model whole" in caplog.text
+    assert "round 2 dropped at site-1 too" in caplog.text
+    assert sites["site-1"].errors() == [] and sites["site-2"].errors() == []
+
+
+def test_a_trainer_that_cannot_drop_the_round_its_aggregation_client_gave_up_ends_the_job(network: Network) -> None:
+    """As above, but site-1 never hears that the server lost site-3 (the sender of its round 2 model):
+    it refuses to drop the round once it waited the time a loss takes to judge, and site-2 ends the
+    job with the reason instead of leaving the swarm stalled."""
+    sites, _ = aggregator_gave_its_round_up(network, status_interval=0.5)  # a loss judged within 3.5 s
+
+    assert_refused(send(sites["site-1"].endpoint, "site-2", "result", {"round": 1, "ok": True}), "gave round 2 up")
+    status = sites["site-2"].wait_status("site-2 ended the job", lambda s: bool(s.error))
+
+    assert status.error.startswith(
+        "site-2 could not receive round 2's model (its sender was lost) while the swarm went on with it: "
+        "site-1 had it and handed in a result, and could not drop the round:"
+    )
+    assert "round 2's model came from site-3, which the server did not lose" in status.error
+    assert sites["site-1"].controller.roles.latest == (1, "site-2")

@@ -383,3 +383,48 @@ def test_a_final_model_taken_after_the_last_round_was_given_up_does_not_count_on
     assert not client.final_taken
     client.record_learn(2, "site-1")  # site-3 aggregated round 2 again and sent the last round
     assert client.final_refusal("site-1", {"round": 2}) is None
+
+
+def test_a_trainer_drops_a_round_only_at_its_aggregation_clients_word_once_its_sender_is_lost() -> None:
+    """site-3 took round 2's model whole from site-2 (round 1's aggregation client), aggregated by
+    site-1; site-2 died while site-1 pulled it, and site-1 gave round 2 up: site-3 drops the round at
+    site-1's word and is back at round 1, whose replay by its first sender it takes."""
+    three = ["site-1", "site-2", "site-3"]
+    client = roles("site-3", train_clients=three, aggr_clients=three)
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-2"}) is None
+    assert client.learn_refusal("site-2", {"round": 1, "aggr": "site-1"}) is None
+
+    assert client.drop_refusal("site-1", 1) == "round 2's model came from site-2, which the server did not lose"
+    assert client.lose(["site-2"]) == ["site-2"]
+    assert client.drop_refusal("site-2", 1) == (
+        "site-2 may not send a drop of round 2: the server lost it, and the swarm went on without it"
+    )
+    assert client.drop_refusal("site-3", 1) == "site-3 may not drop round 2: it is not its aggregation client (site-1)"
+    assert client.drop_refusal("site-1", 0) == "site-3 is not at round 1"
+    assert client.sender_of(1) == "site-2" and client.sender_of(0) is None
+
+    assert client.drop_refusal("site-1.x", 1) is None  # a cell of site-1
+    assert client.latest == (0, "site-2") and client.sender_of(0) == "site-1"
+    assert client.drop_refusal("site-1", 1) == "site-3 is not at round 2"  # once
+    assert client.untake(0) is False  # nothing further back
+    # Not a round given up: round 3's model from site-1 (round 2's aggregation client, which made none) is refused.
+    assert "round 3 is ahead" in (client.learn_refusal("site-1", {"round": 2, "aggr": "site-3"}) or "")
+    # Round 1 played again by its first sender, without site-2.
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-3", REPLAY_KEY: ["site-2"]}) is None
+    assert client.latest == (0, "site-3")
+
+
+def test_a_round_is_not_dropped_once_the_final_model_was_taken_or_without_a_round_before() -> None:
+    first = roles("site-2")
+    assert first.learn_refusal("site-1", {"round": 0, "aggr": "site-2"}) is None
+    first.lose(["site-1"])
+    assert first.drop_refusal("site-2", 0) == "site-2 cannot go back to the round before round 1"
+
+    three = ["site-1", "site-2", "site-3"]
+    last = roles("site-3", num_rounds=2, train_clients=three, aggr_clients=three, result_clients=three)
+    assert last.learn_refusal("site-1", {"round": 0, "aggr": "site-2"}) is None
+    assert last.learn_refusal("site-2", {"round": 1, "aggr": "site-1"}) is None
+    assert last.final_refusal("site-1", {"round": 1}) is None  # the swarm finished
+    last.lose(["site-2"])
+    assert last.drop_refusal("site-1", 1) == "site-3 cannot go back to the round before round 2"
+    assert last.latest == (1, "site-1")
