@@ -39,3 +39,19 @@ def test_a_raw_pull_spread_over_two_curve_connections_gets_every_frame(tmp_path:
     assert result["connections"] == 2 and result["security"] == "curve"
     assert set(result["throughput_gib_s"]) == {f"{s}MiBx{n}" for s in (2, 8) for n in (1, 4, 8)}
     assert all(value > 0 for value in result["throughput_gib_s"].values())
+
+
+def test_the_round_trip_trace_follows_a_request_through_the_handler_pool_and_back(tmp_path: Path) -> None:
+    """tools/trace_cells_round_trip.py stamps the cells layer's own functions: a step renamed away
+    would drop out of the timeline, and this test with it."""
+    out = tmp_path / "trace.json"
+
+    _run("trace_cells_round_trip.py", "--curve", "--count", "200", "--gap-us", "0", "--out", str(out))
+
+    result = json.loads(out.read_text())
+    steps = [step["from"] for step in result["steps_us"]] + [result["steps_us"][-1]["to"]]
+    for step in ("client: outbox put", "server: to the pool", "server: handler runs", "client: reply resolved"):
+        assert step in steps
+    assert steps[0] == "client: request" and steps[-1] == "client: returns"
+    assert result["security"] == "curve" and result["calls_with_this_sequence"] > 0
+    assert 0 < sum(step["median_us"] for step in result["steps_us"]) < 1e6

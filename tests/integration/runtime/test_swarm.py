@@ -340,6 +340,7 @@ def test_a_round_its_aggregation_client_could_not_pull_is_dropped_by_its_trainer
     rounds = read_json(workspace / "summary.json")["rounds"]
     assert [entry["round"] for entry in rounds] == [1, 2, 3, 4]
     assert rounds[0]["clients"] == ["site-1", "site-2", "site-3", "site-4"]
+    assert rounds[1]["aggregator"] == "site-3" and rounds[1]["played_again"] is True
     assert all(entry["clients"] == ["site-1", "site-3", "site-4"] for entry in rounds[1:])  # round 2 again
     assert_rounds_that_counted(workspace, ("site-1", "site-3", "site-4"), initial, rounds, 4)
 
