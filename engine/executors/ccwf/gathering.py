@@ -146,7 +146,7 @@ class RoundGathering:
 
         Returns:
             The trainers whose result of the round came, or is coming, though they did not give it
-            up: they had its model whole, so the swarm may go on with the round.
+            up: they had its model whole (the round's aggregation client has them drop the round).
         """
         with self._changed:
             self.abandoned = True

@@ -26,7 +26,7 @@ from typing import Any
 from engine.aggregators import Aggregator, ResultRules
 from engine.aggregators.rules import marked_from_one_site
 from engine.cells import Message, Reply, Status
-from engine.errors import AnnouncementRefused, CellError, SerializationError
+from engine.errors import AnnouncementRefused, SerializationError
 from engine.executors.ccwf.client_side import (
     DEFAULT_STATUS_INTERVAL_S,
     ClientSideController,
@@ -66,6 +66,8 @@ SWARM_PREFIX = "swarm"
 #: a trainer's result to the aggregation client, the final model to a result client, and the
 #: aggregation client's word to a trainer that it gave the round up (`SwarmRoles.drop_refusal`).
 LEARN, RESULT, FINAL, DROP = "learn", "result", "final", "drop"
+#: Header key of a trainer's refusal of a drop: final, the aggregation client asks no more.
+DROP_REFUSED_KEY = "drop_refused"
 #: Default bound on a round at its aggregation client, in seconds.
 DEFAULT_LEARN_TASK_TIMEOUT_S = 3600.0
 
@@ -413,6 +415,7 @@ class SwarmClientController(ClientSideController):
         del data
         if current_round > self.roles.last_round:
             log.warning("round %d's result not handed in: the round was dropped", current_round + 1)
+            self.update_status(phase="idle")
             return
         result.set_header(ReservedHeaderKey.CURRENT_ROUND, current_round)
         self.update_status(phase="submitting")
@@ -527,7 +530,7 @@ class SwarmClientController(ClientSideController):
         site = owner_among(message.source, self.roles.train_clients)
         assert site is not None  # result_refusal checked it
         current_round = message.header.get("round")
-        if self._give_up.result_shows_it_went_on(current_round) and message.header.get(GAVE_UP_KEY) is not True:
+        if self._give_up.gave_up_own_round(current_round) and message.header.get(GAVE_UP_KEY) is not True:
             self._drop_at([site], current_round)  # the trainer had the round's model: it drops the round too
             return refused(
                 message, f"{self.site} gave round {shown_round(current_round)} up: its model never came whole"
@@ -538,49 +541,67 @@ class SwarmClientController(ClientSideController):
         """Have ``trainers``, which had round ``current_round``'s model this client (its aggregation
         client) gave up, drop the round (`SwarmRoles.drop_refusal`), in the background, each asked
         once: back at the round before with every other client, which the server then has played
-        again. One that cannot, and that the server did not lose, ends the job
-        (`GiveUp.left_behind`): the swarm cannot go on from there."""
-        shown = shown_round(current_round)
-        # A trainer may hear of the sender's loss a little after this client did (`_on_drop` waits).
-        timeout_s = self._loss_judged_within_s() + self.learn_task_ack_timeout
-
-        def drop(site: str) -> None:
-            try:
-                self.cell.request(site, CCWF_CHANNEL, self._topic(DROP), {"round": current_round}, timeout_s=timeout_s)
-                log.warning("round %s dropped at %s too: it had the round's model this client gave up", shown, site)
-            except CellError as e:
-                if site not in self.roles.lost:
-                    self._give_up.left_behind(
-                        f"{site} had it and handed in a result, and could not drop the round: {e}"
-                    )
-
+        again. A trainer that cannot (its answer says so), or that does not answer while the server
+        still has it, ends the job (`GiveUp.left_behind`): the swarm cannot go on from there."""
         for site in self._give_up.to_drop(trainers):
-            self._spawn(lambda site=site: drop(site), f"drop-{current_round}-{site}")
+            self._spawn(lambda site=site: self._drop_one(site, current_round), f"drop-{current_round}-{site}")
+
+    def _drop_one(self, site: str, current_round: int) -> None:
+        shown = shown_round(current_round)
+        # The trainer may hear of the sender's loss a little after this client did, and wait for
+        # it (`_on_drop`); one that died is lost to the server within about as long.
+        deadline = time.monotonic() + 2 * self._loss_judged_within_s() + self.learn_task_ack_timeout
+        while not self.stopped.is_set():
+            if site in self.roles.lost:
+                return  # the server plays the round before again without it
+            future = self.cell.request_async(
+                site,
+                CCWF_CHANNEL,
+                self._topic(DROP),
+                {"round": current_round},
+                (),
+                max(1.0, deadline - time.monotonic()),
+            )
+            reply = future.result()
+            if reply.status is Status.OK:
+                log.warning("round %s dropped at %s too: it had the round's model this client gave up", shown, site)
+                return
+            if reply.header.get(DROP_REFUSED_KEY) is True or time.monotonic() > deadline:
+                if not self.stopped.is_set() and site not in self.roles.lost:
+                    why = f"{reply.status.value}: {reply.reason}"
+                    self._give_up.left_behind(
+                        f"{site} had it and handed in a result, and could not drop the round: {why}"
+                    )
+                return
+            self.stopped.wait(self.submit_interval)
 
     def _on_drop(self, message: Message) -> Reply:
         """The round's aggregation client gave the round up while this client had its model: drop it
-        (`SwarmRoles.drop_refusal`) and report the round before, which the server has played again."""
+        (`SwarmRoles.drop_refusal`) and report the round before, which the server has played again.
+        A refusal says it is final (`DROP_REFUSED_KEY`): asking again would change nothing."""
         current_round = message.header.get("round")
         if type(current_round) is not int:
             return refused(message, f"the message names no round number (round={current_round!r})")
-        aggr, sender = self.roles.aggr_of(current_round), self.roles.sender_of(current_round)
-        if aggr is not None and owner_among(message.source, [aggr]) and sender is not None:
+        why = self.roles.drop_blocked(message.source, current_round)
+        sender = self.roles.sender_of(current_round)
+        if why is None and sender is not None and self._drop_wait.acquire(blocking=False):
             # This client may be told of the sender's loss a little after its aggregation client
             # was: wait for it, on one handler thread at most.
-            if self._drop_wait.acquire(blocking=False):
-                try:
-                    self._give_up.lost_soon(sender, self._loss_judged_within_s())
-                finally:
-                    self._drop_wait.release()
-        why = self.roles.drop_refusal(message.source, current_round)
+            try:
+                self._give_up.lost_soon(sender, self._loss_judged_within_s())
+            finally:
+                self._drop_wait.release()
+        why = why or self.roles.drop_refusal(message.source, current_round)
         if why:
-            return refused(message, why)
-        log.warning(
-            "round %s dropped: its aggregation client %s never got its model whole (its sender %s was lost)",
-            shown_round(current_round),
-            message.source,
-            sender,
-        )
+            reply = refused(message, why)
+            return dataclasses.replace(reply, header={**reply.header, DROP_REFUSED_KEY: True})
+        if sender is not None:  # None: dropped already, at the same word (the answer was lost)
+            log.warning(
+                "round %s dropped: its aggregation client %s never got its model whole (its sender %s was lost)",
+                shown_round(current_round),
+                message.source,
+                sender,
+            )
         self._report_round(phase="idle")
         return Reply(header={})
 

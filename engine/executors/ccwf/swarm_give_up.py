@@ -158,9 +158,9 @@ class GiveUp:
             and self._from_an_aggregation_client_left(sender)
         )
 
-    def result_shows_it_went_on(self, current_round: Any) -> bool:
-        """Whether a trainer's result of ``current_round`` (not a give-up) shows the swarm going on
-        with a round this client aggregates and gave up: the trainer had its model."""
+    def gave_up_own_round(self, current_round: Any) -> bool:
+        """Whether ``current_round`` is the round this client aggregates and gave up: a trainer's
+        result of it (not a give-up) shows the trainer had its model, and is to drop the round (`to_drop`)."""
         return self.given_up == (current_round, self.site)
 
     def to_drop(self, trainers: Sequence[str]) -> list[str]:

@@ -124,8 +124,10 @@ class ResultHandIn:
 
     def drop_held(self, current_round: int) -> None:
         """Free results held for rounds up to ``current_round``: this client took round
-        ``current_round``'s model, so those rounds are over (or, for that round itself, played again)."""
-        ended = [offers for number, offers in self._held if number <= current_round]
-        self._held = [(number, offers) for number, offers in self._held if number > current_round]
+        ``current_round``'s model, so those rounds are over (or, for that round itself, played again);
+        and for rounds past the last it took, which it dropped (`SwarmRoles.drop_refusal`)."""
+        last = self.roles.last_round
+        ended = [offers for number, offers in self._held if not current_round < number <= last]
+        self._held = [(number, offers) for number, offers in self._held if current_round < number <= last]
         for offers in ended:
             self.codec.context.sending_service.drop(offers)

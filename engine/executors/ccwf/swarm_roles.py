@@ -82,6 +82,8 @@ class SwarmRoles:
     _before: tuple[int | None, str, str, int] = dataclasses.field(default=(None, "", "", 0), init=False)
     #: (round, its aggregation client) of the round given up last (`untake`), until a round is taken
     _given_up: tuple[int, str] | None = dataclasses.field(default=None, init=False)
+    #: (round, its aggregation client) of the round dropped last (`drop_refusal`), until a round is taken
+    _dropped: tuple[int | None, str] = dataclasses.field(default=(None, ""), init=False)
     _final_taken: bool = dataclasses.field(default=False, init=False)
     _lost: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
@@ -246,6 +248,7 @@ class SwarmRoles:
         self._before = (self._last_round, self._last_aggr, self._last_sender, self._replays)
         self._last_round, self._last_aggr, self._last_sender, self._replays = current_round, aggr, sender, 0
         self._given_up = None
+        self._dropped = (None, "")
 
     def untake(self, current_round: int) -> bool:
         """Forget round ``current_round``'s model, taken last but never received whole (its sender was
@@ -271,7 +274,7 @@ class SwarmRoles:
             return True
 
     def drop_refusal(self, sender: str, current_round: int) -> str | None:
-        """Why round ``current_round`` is not dropped at ``sender``'s word; None when it is.
+        """Why round ``current_round`` is not dropped at ``sender``'s word; None when it is (or was).
 
         Its aggregation client (``sender``) could not receive the round's model whole, its sender
         having been lost, and gave the round up, while this client had it: this client drops the
@@ -279,24 +282,43 @@ class SwarmRoles:
         every client there and has that round played again (`untake`, without the next round's
         model that a round given up lets in: that aggregation client makes none). Only the
         round's aggregation client may say so, for this client's last round, once the server lost
-        the round model's sender.
+        the round model's sender. Said again by it, the drop is answered as done.
         """
-        shown = shown_round(current_round)
-        why = self._lost_refusal(sender, f"a drop of round {shown}")
-        if why:
-            return why
         with self._lock:
-            if self._last_round != current_round:
-                return f"{self.site} is not at round {shown}"
-            if owner_among(sender, [self._last_aggr]) is None:
-                return f"{sender} may not drop round {shown}: it is not its aggregation client ({self._last_aggr})"
+            if self._dropped[0] == current_round and owner_among(sender, [self._dropped[1]]) is not None:
+                return None  # its word came again (its first answer was lost)
+            why = self._drop_blocked(sender, current_round)
+            if why:
+                return why
             if self._last_sender not in self._lost:
-                return f"round {shown}'s model came from {self._last_sender}, which the server did not lose"
-            if self._before[0] != current_round - 1 or self._final_taken:
-                return f"{self.site} cannot go back to the round before round {shown}"
+                shown, sender_of = shown_round(current_round), self._last_sender
+                return f"round {shown}'s model came from {sender_of}, which the server did not lose"
+            self._dropped = (current_round, self._last_aggr)
             self._last_round, self._last_aggr, self._last_sender, self._replays = self._before
             self._before = (None, "", "", 0)
             self._given_up = None
+        return None
+
+    def drop_blocked(self, sender: str, current_round: int) -> str | None:
+        """Why round ``current_round`` can never be dropped at ``sender``'s word, whatever the
+        server says of the round model's sender (see `drop_refusal`); None: it may be."""
+        with self._lock:
+            if self._dropped[0] == current_round and owner_among(sender, [self._dropped[1]]) is not None:
+                return None
+            return self._drop_blocked(sender, current_round)
+
+    def _drop_blocked(self, sender: str, current_round: int) -> str | None:
+        """`drop_blocked` (lock held)."""
+        shown = shown_round(current_round)
+        lost = owner_among(sender, sorted(self._lost))
+        if lost:
+            return f"{lost} may not send a drop of round {shown}: the server lost it, and the swarm went on without it"
+        if self._last_round != current_round:
+            return f"{self.site} is not at round {shown}"
+        if owner_among(sender, [self._last_aggr]) is None:
+            return f"{sender} may not drop round {shown}: it is not its aggregation client ({self._last_aggr})"
+        if self._before[0] != current_round - 1 or self._final_taken:
+            return f"{self.site} cannot go back to the round before round {shown}"
         return None
 
     def sender_of(self, current_round: int) -> str | None:

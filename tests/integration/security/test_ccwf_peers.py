@@ -575,3 +575,51 @@ def test_a_trainer_that_cannot_drop_the_round_its_aggregation_client_gave_up_end
     )
     assert "round 2's model came from site-3, which the server did not lose" in status.error
     assert sites["site-1"].controller.roles.latest == (1, "site-2")
+
+
+def test_a_result_held_for_a_dropped_round_is_freed_when_the_round_before_comes_again(network: Network) -> None:
+    """site-1's result of round 2, taken by site-2 before it gave the round up, stays offered for it
+    to pull again until the round ends (held); once site-1 dropped the round, the round before's
+    model coming again frees it, before site-1 trains that round (not a second model's worth kept)."""
+    sites, _ = aggregator_gave_its_round_up(network)
+    assert sites["site-1"].execute("swarm_lost", Shareable({LOST_KEY: ["site-3"]})).get_return_code() is ReturnCode.OK
+    hand_in = sites["site-1"].controller.hand_in
+    service = hand_in.codec.context.sending_service
+    offers: list[str] = []
+    result = DXO(DataKind.WEIGHTS, {"w": torch.ones(4, dtype=torch.float64)}, {"NUM_STEPS_CURRENT_ROUND": 1})
+    hand_in.codec.encode(result.to_shareable(), receivers=["site-2"], offers=offers)
+    service.hold(offers)
+    hand_in._held.append((1, offers))  # as `submit` keeps a result its aggregation client may pull again
+    assert_refused(send(sites["site-1"].endpoint, "site-2", "result", {"round": 1, "ok": True}), "gave round 2 up")
+    sites["site-1"].wait_status("site-1 dropped round 2", lambda s: s.round == 0 and s.phase == "idle")
+    offered = service.open_offers()  # still served: the learner frees it
+    assert offers and offered >= len(offers)
+
+    hand_in.drop_held(0)  # what the learner does first with round 1's model sent again
+
+    assert service.open_offers() == offered - len(offers)
+    assert service.drop(offers) == []  # none of them was open any more
+
+
+def test_a_trainer_that_does_not_answer_a_drop_is_asked_again_until_the_server_loses_it(network: Network) -> None:
+    """site-2 gave its round 2 up (site-1 sent its model and was lost); site-3 had it and hands in a
+    result, but answers no drop (it stopped serving): site-2 asks again instead of ending the job,
+    and stops asking once the server lost site-3 too, which then plays the round before again."""
+    three = [*SWARM, "site-3"]
+    sites = start_swarm(network, num_rounds=3, train_clients=three, aggr_clients=three, participants=three)
+    aggregator = sites["site-2"]
+    assert aggregator.controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
+    assert aggregator.controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-2"}) is None
+    assert aggregator.execute("swarm_lost", Shareable({LOST_KEY: ["site-1"]})).get_return_code() is ReturnCode.OK
+    assert aggregator.controller.give_up.round(1, "site-2", "site-1") is True
+    site_3 = network.open("site-3")  # a trainer without a drop handler
+
+    assert_refused(send(site_3, "site-2", "result", {"round": 1, "ok": True}), "gave round 2 up")
+    time.sleep(2.5)  # asked twice or more by now
+    assert aggregator.errors() == []
+    lost = Shareable({LOST_KEY: ["site-1", "site-3"]})
+    assert aggregator.execute("swarm_lost", lost).get_return_code() is ReturnCode.OK
+    time.sleep(1.5)  # its next try sees site-3 lost and stops
+
+    assert aggregator.errors() == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("site-2-drop-")]

@@ -108,18 +108,18 @@ def test_a_final_model_shows_the_swarm_went_on_only_past_the_round_after_the_one
         assert tracker.final_went_on_past("site-2", malformed) is False
 
 
-def test_a_result_shows_the_swarm_went_on_only_with_a_round_this_client_aggregates() -> None:
+def test_only_a_round_this_client_aggregates_and_gave_up_has_its_trainers_drop_it() -> None:
     tracker, _ = give_up()
     assert tracker.roles.learn_refusal("site-2", {"round": 2, "aggr": "site-3"}) is None
     assert tracker.roles.learn_refusal("site-3.x", {"round": 3, "aggr": "site-1"}) is None
 
     tracker.round(3, "site-1", "site-3.x")
-    assert not tracker.result_shows_it_went_on(3)  # site-1 aggregates round 4, not this client
+    assert not tracker.gave_up_own_round(3)  # site-1 aggregates round 4, not this client
 
     other, _ = give_up()
     assert other.roles.learn_refusal("site-2", {"round": 2, "aggr": "site-3"}) is None
     other.round(2, "site-3", "site-2")
-    assert other.result_shows_it_went_on(2) and not other.result_shows_it_went_on(1)
+    assert other.gave_up_own_round(2) and not other.gave_up_own_round(1)
 
 
 def test_left_behind_ends_the_job_once_and_only_after_a_round_was_given_up() -> None:
@@ -163,3 +163,14 @@ def test_lost_soon_waits_for_the_servers_word_at_most_the_time_given() -> None:
     threading.Timer(0.2, tracker.roles.lose, args=(["site-1"],)).start()
     assert tracker.lost_soon("site-1.job", 10.0) is True
     assert time.monotonic() - started < 3
+
+
+def test_each_trainer_is_asked_to_drop_a_round_given_up_once() -> None:
+    tracker, _ = give_up()
+    assert tracker.roles.learn_refusal("site-2", {"round": 2, "aggr": "site-3"}) is None
+    tracker.round(2, "site-3", "site-2")
+
+    assert tracker.to_drop(["site-1", "site-2", "site-1"]) == ["site-1", "site-2"]
+    assert tracker.to_drop(["site-2", "site-4"]) == ["site-4"]
+    tracker.taken()  # a round taken: the next round given up asks everyone anew
+    assert tracker.to_drop(["site-1"]) == ["site-1"]

@@ -401,11 +401,15 @@ def test_a_trainer_drops_a_round_only_at_its_aggregation_clients_word_once_its_s
     )
     assert client.drop_refusal("site-3", 1) == "site-3 may not drop round 2: it is not its aggregation client (site-1)"
     assert client.drop_refusal("site-1", 0) == "site-3 is not at round 1"
+    assert client.drop_blocked("site-1", 1) is None  # only the server's word on site-2 is missing
     assert client.sender_of(1) == "site-2" and client.sender_of(0) is None
 
+    assert client.drop_blocked("site-1.x", 1) is None
     assert client.drop_refusal("site-1.x", 1) is None  # a cell of site-1
     assert client.latest == (0, "site-2") and client.sender_of(0) == "site-1"
-    assert client.drop_refusal("site-1", 1) == "site-3 is not at round 2"  # once
+    assert client.drop_refusal("site-1", 1) is None  # said again (its answer was lost): done already
+    assert client.drop_blocked("site-3", 1) == "site-3 is not at round 2"
+    assert client.latest == (0, "site-2")
     assert client.untake(0) is False  # nothing further back
     # Not a round given up: round 3's model from site-1 (round 2's aggregation client, which made none) is refused.
     assert "round 3 is ahead" in (client.learn_refusal("site-1", {"round": 2, "aggr": "site-3"}) or "")
