@@ -64,7 +64,7 @@ def stamp_the_layer() -> None:
     stamp_calls(zmq.Poller, "poll", "poll: sleeps")
     stamp_calls(zmq.Poller, "poll", "poll: wakes", after=True)
     stamp_calls(io_thread.IoThread, "_receive", "receive")
-    stamp_calls(core.CellCore, "on_frames", "decoded")
+    stamp_calls(core.CellCore, "on_frames", "frames to the core")
     stamp_calls(pool.HandlerPool, "submit", "to the pool")
     stamp_calls(cell_module, "run_handler", "handler runs")
     stamp_calls(io_thread.IoThread, "_send", "zmq send")
