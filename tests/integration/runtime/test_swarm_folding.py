@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -47,6 +48,9 @@ while flare.is_running():
 SITES = ["site-1", "site-2", "site-3"]
 
 
+# End to end; CI runs it with -m slow. The default run covers its paths: the taint and the rebuild
+# (tests/unit/aggregators/test_folding.py), pulling again at a Swarm client (test_swarm_intake.py).
+@pytest.mark.slow
 def test_a_result_failing_midway_is_left_out_and_the_others_are_pulled_again(simulate, tmp_path: Path) -> None:
     job = make_swarm_job(
         tmp_path,

@@ -172,13 +172,16 @@ SWARM_CONFIG = {
 }
 
 
-def start_swarm(network: Network, num_rounds: int = ROUNDS, **config: Any) -> dict[str, Site]:
+def start_swarm(
+    network: Network, num_rounds: int = ROUNDS, submit_interval_s: float = 1.0, **config: Any
+) -> dict[str, Site]:
     sites = network.start_sites(
         lambda: SwarmClientController(
             min_responses_required=2,
             wait_time_after_min_resps_received=0,
             learn_task_timeout=30,
             learn_task_ack_timeout=5,
+            request_to_submit_result_interval=submit_interval_s,
         )
     )
     for site in sites.values():
@@ -564,7 +567,7 @@ def test_a_trainer_that_cannot_drop_the_round_its_aggregation_client_gave_up_end
     """As above, but site-1 never hears that the server lost site-3 (the sender of its round 2 model):
     it refuses to drop the round once it waited the time a loss takes to judge, and site-2 ends the
     job with the reason instead of leaving the swarm stalled."""
-    sites, _ = aggregator_gave_its_round_up(network, status_interval=0.5)  # a loss judged within 3.5 s
+    sites, _ = aggregator_gave_its_round_up(network, status_interval=0.1)  # a loss judged within 2.3 s
 
     assert_refused(send(sites["site-1"].endpoint, "site-2", "result", {"round": 1, "ok": True}), "gave round 2 up")
     status = sites["site-2"].wait_status("site-2 ended the job", lambda s: bool(s.error))
@@ -606,7 +609,9 @@ def test_a_trainer_that_does_not_answer_a_drop_is_asked_again_until_the_server_l
     result, but answers no drop (it stopped serving): site-2 asks again instead of ending the job,
     and stops asking once the server lost site-3 too, which then plays the round before again."""
     three = [*SWARM, "site-3"]
-    sites = start_swarm(network, num_rounds=3, train_clients=three, aggr_clients=three, participants=three)
+    sites = start_swarm(
+        network, num_rounds=3, submit_interval_s=0.2, train_clients=three, aggr_clients=three, participants=three
+    )
     aggregator = sites["site-2"]
     assert aggregator.controller.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
     assert aggregator.controller.roles.learn_refusal("site-1", {"round": 1, "aggr": "site-2"}) is None
@@ -615,11 +620,11 @@ def test_a_trainer_that_does_not_answer_a_drop_is_asked_again_until_the_server_l
     site_3 = network.open("site-3")  # a trainer without a drop handler
 
     assert_refused(send(site_3, "site-2", "result", {"round": 1, "ok": True}), "gave round 2 up")
-    time.sleep(2.5)  # asked twice or more by now
+    time.sleep(1.0)  # asked four times or more by now
     assert aggregator.errors() == []
     lost = Shareable({LOST_KEY: ["site-1", "site-3"]})
     assert aggregator.execute("swarm_lost", lost).get_return_code() is ReturnCode.OK
-    time.sleep(1.5)  # its next try sees site-3 lost and stops
+    time.sleep(0.5)  # its next try sees site-3 lost and stops
 
     assert aggregator.errors() == []
     assert not [t for t in threading.enumerate() if t.name.startswith("site-2-drop-")]
