@@ -11,12 +11,14 @@ finish a round, and only a round of the workflow.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from engine.controller import Controller, Task, TaskCompletionStatus
+from engine.controller.context import ReceivedStatus
 from engine.errors import WorkflowError
 from engine.model import ReturnCode, Shareable, shown_round
 from engine.model.ccwf import CONFIG_KEY, CONFIG_TASK, START_TASK, WorkflowStatus
@@ -27,6 +29,30 @@ log = logging.getLogger(__name__)
 STATUS_CHECK_INTERVAL_S = 0.5
 #: Header of a failed client result that says why (as the executors set it).
 REASON_HEADER = "reason"
+
+
+@dataclasses.dataclass
+class _Following:
+    """What the server learnt of the clients while it follows a workflow (`ServerSideController._follow`)."""
+
+    started: float
+    last_progress: float = dataclasses.field(init=False)  # when a client's report last showed progress
+    progress_seen: dict[str, int] = dataclasses.field(default_factory=dict)
+    rounds_seen: set[int] = dataclasses.field(default_factory=set)
+    latest_round: int = -1
+    lost: set[str] = dataclasses.field(default_factory=set)
+    #: lost sites not yet judged -> (when, why)
+    unjudged: dict[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
+    untrusted_done: set[str] = dataclasses.field(default_factory=set)
+    #: lost sites judged: lost for good, what they report is ignored
+    gone: set[str] = dataclasses.field(default_factory=set)
+    #: rounds a recovery plays again: their next "done" is reported anew
+    played_again: set[int] = dataclasses.field(default_factory=set)
+    #: gone, their loss not fatal yet -> (why, last report, latest round when judged)
+    harmless: dict[str, tuple[str, WorkflowStatus | None, int]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.last_progress = self.started
 
 
 class ServerSideController(Controller):
@@ -238,133 +264,170 @@ class ServerSideController(Controller):
         return True
 
     def _follow(self, participants: list[str]) -> None:
-        started = time.monotonic()
-        last_progress = started
-        progress_seen: dict[str, int] = {}
-        rounds_seen: set[int] = set()
-        latest_round = -1
-        lost: set[str] = set()
-        unjudged: dict[str, tuple[float, str]] = {}  # lost sites not yet judged -> (when, why)
-        # What a lost site held is judged after two status intervals: a round it finished, or one
-        # that moved on without it, shows in the others' reports by then.
-        judge_after_s = 2 * self.status_interval_s
-        untrusted_done: set[str] = set()
-        gone: set[str] = set()  # lost sites judged: lost for good, what they report is ignored
-        played_again: set[int] = set()  # rounds a recovery plays again: their next "done" is reported anew
-        # gone, their loss not fatal yet -> (why, last report, latest round when judged)
-        harmless: dict[str, tuple[str, WorkflowStatus | None, int]] = {}
-        needed = self.min_clients or len(participants)
+        """Look at the clients' status reports every `STATUS_CHECK_INTERVAL_S` until the workflow is
+        done (see the module); raise `WorkflowError` with the reason when it cannot go on."""
+        state = _Following(started=time.monotonic())
         while not self.abort_signal.wait(STATUS_CHECK_INTERVAL_S):
             now = time.monotonic()
             reports = self.context.client_status(self.task_name_prefix)
-            reports = {site: entry for site, entry in reports.items() if site not in gone}
+            reports = {site: entry for site, entry in reports.items() if site not in state.gone}
             statuses = {site: reports[site].status for site in participants if site in reports}
             for site, status in statuses.items():
                 if status.error:
                     raise WorkflowError(f"{site} reported an error: {status.error}")
             trusted = set(self.finishers(participants))
-            first, end = self.start_round, self.start_round + self.num_rounds
-            finished = sorted(
-                (
-                    done
-                    for site, status in statuses.items()
-                    if site in trusted
-                    for done in status.rounds_done
-                    if isinstance(done.get("round"), int) and first <= done["round"] < end
-                ),
-                key=lambda done: done["round"],
-            )
-            for done in finished:
-                if done["round"] not in rounds_seen:
-                    if done["round"] > latest_round:  # its start was not seen yet: say it first, in order
-                        latest_round = done["round"]
-                        self.context.report("round_started", round=latest_round, total_rounds=end, clients=[])
-                    rounds_seen.add(done["round"])
-                    again = {"played_again": True} if done["round"] in played_again else {}
-                    played_again.discard(done["round"])
-                    self.context.report("round_done", **done, **again)
-            rounds = [
-                status.round
-                for status in statuses.values()
-                if isinstance(status.round, int) and first <= status.round < end
-            ]
-            if rounds and max(rounds) > latest_round:
-                latest_round = max(rounds)
-                total = self.start_round + self.num_rounds
-                self.context.report("round_started", round=latest_round, total_rounds=total, clients=[])
+            self._report_rounds(state, statuses, trusted)
             for site, status in statuses.items():
-                if status.progress != progress_seen.get(site):
-                    progress_seen[site] = status.progress
-                    last_progress = now
-            done_by = [site for site, status in statuses.items() if status.all_done and site in trusted]
-            for site in sorted(site for site, status in statuses.items() if status.all_done and site not in trusted):
-                if site not in untrusted_done:
-                    untrusted_done.add(site)
-                    log.warning("'workflow done' report of %s ignored: it has no role that ends the workflow", site)
-            if done_by:
-                log.info("workflow done, reported by %s prefix=%s", done_by[0], self.task_name_prefix)
-                return
-            finished = self.finished_without(statuses, rounds_seen, gone, participants) if gone else None
-            if finished:
-                self.context.report("workflow_note", message=f"{self.task_name_prefix} done: {finished}")
-                log.info("workflow done without its finisher prefix=%s: %s", self.task_name_prefix, finished)
+                if status.progress != state.progress_seen.get(site):
+                    state.progress_seen[site] = status.progress
+                    state.last_progress = now
+            if self._done(state, statuses, trusted, participants):
                 return
             dead = self.context.dead()
-            for site in participants:
-                if site in lost:
-                    continue
-                entry = reports.get(site)
-                silent_s = now - (entry.received if entry else started)
-                if site in dead or silent_s > self.max_status_report_interval:
-                    lost.add(site)
-                    why = "stopped answering" if site in dead else f"sent no status for {silent_s:.0f} s"
-                    unjudged[site] = (now, why)
-                    self.context.report("workflow_note", message=f"{site} {why}; going on without it")
-                    log.warning("client lost site=%s: %s", site, why)
-            judged: dict[str, str] = {}  # lost for good from now on -> why it was lost
-            for site, (since, why) in list(unjudged.items()):
-                if now - since < judge_after_s:
-                    continue
-                del unjudged[site]
-                entry = reports.get(site)
-                if site not in dead and entry is not None and entry.received > since:
-                    lost.discard(site)  # it is back
-                    if gone:  # whom the others were told of while it was away
-                        self.clients_lost(sorted(gone), [site])
-                    continue
-                judged[site] = why
-            if judged:
-                gone.update(judged)
-                self.clients_lost(sorted(gone), participants)  # first: the clients left stop taking from them
-                # Their loss is judged now, and again at every look while it costs nothing yet (for
-                # two rounds): a round's model pulled from one of them when it died is given up by
-                # its receivers, who report the round before again (see `loss_ends_workflow`).
-                harmless.update({site: (why, statuses.get(site), latest_round) for site in judged})
-            for site, (why, last, judged_at) in list(harmless.items()):
-                if latest_round > judged_at + 1:  # two rounds on: what it held is long past
-                    del harmless[site]
-                    continue
-                with_it = statuses if last is None else {**statuses, site: last}
-                again = self._judge_loss(site, why, with_it, rounds_seen, participants, gone)
-                if again is not None:
-                    del harmless[site]
-                    rounds_seen.discard(again)  # a round it had finished is played again too
-                    played_again.add(again)
-            if len(participants) - len(lost) < needed:
-                raise WorkflowError(
-                    f"too few clients left: {', '.join(sorted(lost))} lost (dead, or no status within "
-                    f"max_status_report_interval={self.max_status_report_interval:g} s); "
-                    f"{len(participants) - len(lost)} of {len(participants)} left, min_clients={needed}"
-                )
-            if now - last_progress > self.progress_timeout:
-                where = ", ".join(
-                    f"{site}: round {shown_round(entry.status.round)} {entry.status.phase}"
-                    for site, entry in sorted(reports.items())
-                )
-                raise WorkflowError(
-                    f"no progress for {now - last_progress:.0f} s (progress_timeout={self.progress_timeout:g} s); "
-                    f"last reports: {where or 'none'}"
-                )
+            self._note_lost(state, participants, reports, dead, now)
+            self._judge_lost(state, participants, statuses, reports, dead, now)
+            self._check_going_on(state, participants, reports, now)
+
+    def _report_rounds(self, state: _Following, statuses: Mapping[str, WorkflowStatus], trusted: set[str]) -> None:
+        """Report each round a trusted client finished (once, in order; again when played again),
+        and each round a client began that was not reported yet."""
+        first, end = self.start_round, self.start_round + self.num_rounds
+        finished = sorted(
+            (
+                done
+                for site, status in statuses.items()
+                if site in trusted
+                for done in status.rounds_done
+                if isinstance(done.get("round"), int) and first <= done["round"] < end
+            ),
+            key=lambda done: done["round"],
+        )
+        for done in finished:
+            if done["round"] not in state.rounds_seen:
+                if done["round"] > state.latest_round:  # its start was not seen yet: say it first, in order
+                    state.latest_round = done["round"]
+                    self.context.report("round_started", round=state.latest_round, total_rounds=end, clients=[])
+                state.rounds_seen.add(done["round"])
+                again = {"played_again": True} if done["round"] in state.played_again else {}
+                state.played_again.discard(done["round"])
+                self.context.report("round_done", **done, **again)
+        rounds = [
+            status.round
+            for status in statuses.values()
+            if isinstance(status.round, int) and first <= status.round < end
+        ]
+        if rounds and max(rounds) > state.latest_round:
+            state.latest_round = max(rounds)
+            self.context.report("round_started", round=state.latest_round, total_rounds=end, clients=[])
+
+    def _done(
+        self, state: _Following, statuses: Mapping[str, WorkflowStatus], trusted: set[str], participants: list[str]
+    ) -> bool:
+        """Whether the workflow is done: a client it trusts to say so said it, or, once clients
+        were lost, `finished_without` says it is."""
+        done_by = [site for site, status in statuses.items() if status.all_done and site in trusted]
+        for site in sorted(site for site, status in statuses.items() if status.all_done and site not in trusted):
+            if site not in state.untrusted_done:
+                state.untrusted_done.add(site)
+                log.warning("'workflow done' report of %s ignored: it has no role that ends the workflow", site)
+        if done_by:
+            log.info("workflow done, reported by %s prefix=%s", done_by[0], self.task_name_prefix)
+            return True
+        finished = self.finished_without(statuses, state.rounds_seen, state.gone, participants) if state.gone else None
+        if finished:
+            self.context.report("workflow_note", message=f"{self.task_name_prefix} done: {finished}")
+            log.info("workflow done without its finisher prefix=%s: %s", self.task_name_prefix, finished)
+            return True
+        return False
+
+    def _note_lost(
+        self,
+        state: _Following,
+        participants: list[str],
+        reports: Mapping[str, ReceivedStatus],
+        dead: set[str],
+        now: float,
+    ) -> None:
+        """Note the clients lost now: dead, or silent past ``max_status_report_interval``; their
+        loss is judged later (`_judge_lost`)."""
+        for site in participants:
+            if site in state.lost:
+                continue
+            entry = reports.get(site)
+            silent_s = now - (entry.received if entry else state.started)
+            if site in dead or silent_s > self.max_status_report_interval:
+                state.lost.add(site)
+                why = "stopped answering" if site in dead else f"sent no status for {silent_s:.0f} s"
+                state.unjudged[site] = (now, why)
+                self.context.report("workflow_note", message=f"{site} {why}; going on without it")
+                log.warning("client lost site=%s: %s", site, why)
+
+    def _judge_lost(
+        self,
+        state: _Following,
+        participants: list[str],
+        statuses: Mapping[str, WorkflowStatus],
+        reports: Mapping[str, ReceivedStatus],
+        dead: set[str],
+        now: float,
+    ) -> None:
+        """Judge what the clients lost two status intervals ago held (what a lost site held shows
+        in the others' reports by then: a round it finished, or one that moved on without it),
+        unless they are back; then judge the loss of each again at every look while it costs
+        nothing yet (for two rounds): a round's model pulled from one of them when it died is
+        given up by its receivers, who report the round before again (see `loss_ends_workflow`).
+
+        Raises:
+            WorkflowError: A loss ends the workflow (`_judge_loss`).
+        """
+        judged: dict[str, str] = {}  # lost for good from now on -> why it was lost
+        for site, (since, why) in list(state.unjudged.items()):
+            if now - since < 2 * self.status_interval_s:
+                continue
+            del state.unjudged[site]
+            entry = reports.get(site)
+            if site not in dead and entry is not None and entry.received > since:
+                state.lost.discard(site)  # it is back
+                if state.gone:  # whom the others were told of while it was away
+                    self.clients_lost(sorted(state.gone), [site])
+                continue
+            judged[site] = why
+        if judged:
+            state.gone.update(judged)
+            self.clients_lost(sorted(state.gone), participants)  # first: the clients left stop taking from them
+            state.harmless.update({site: (why, statuses.get(site), state.latest_round) for site, why in judged.items()})
+        for site, (why, last, judged_at) in list(state.harmless.items()):
+            if state.latest_round > judged_at + 1:  # two rounds on: what it held is long past
+                del state.harmless[site]
+                continue
+            with_it = statuses if last is None else {**statuses, site: last}
+            again = self._judge_loss(site, why, with_it, state.rounds_seen, participants, state.gone)
+            if again is not None:
+                del state.harmless[site]
+                state.rounds_seen.discard(again)  # a round it had finished is played again too
+                state.played_again.add(again)
+
+    def _check_going_on(
+        self, state: _Following, participants: list[str], reports: Mapping[str, ReceivedStatus], now: float
+    ) -> None:
+        """Raise `WorkflowError` when fewer than ``min_clients`` are left, or no client made
+        progress for ``progress_timeout`` seconds."""
+        needed = self.min_clients or len(participants)
+        if len(participants) - len(state.lost) < needed:
+            raise WorkflowError(
+                f"too few clients left: {', '.join(sorted(state.lost))} lost (dead, or no status within "
+                f"max_status_report_interval={self.max_status_report_interval:g} s); "
+                f"{len(participants) - len(state.lost)} of {len(participants)} left, min_clients={needed}"
+            )
+        if now - state.last_progress > self.progress_timeout:
+            where = ", ".join(
+                f"{site}: round {shown_round(entry.status.round)} {entry.status.phase}"
+                for site, entry in sorted(reports.items())
+            )
+            raise WorkflowError(
+                f"no progress for {now - state.last_progress:.0f} s (progress_timeout={self.progress_timeout:g} s); "
+                f"last reports: {where or 'none'}"
+            )
 
     def _judge_loss(
         self,

