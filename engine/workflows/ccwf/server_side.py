@@ -151,7 +151,7 @@ class ServerSideController(Controller):
     ) -> str | None:
         """Why losing ``site`` ends the workflow unless `recover_from_loss` can; None (the default): it goes on.
 
-        Asked once the other clients had time to report past it (see `_follow`), and only if it
+        Asked once the other clients had time to report past it (see `_judge_lost`), and only if it
         has not come back: it is lost for good, and what it reports is ignored from then on.
         ``reports``: the latest report of every participant not lost for good before this pass
         (``site``'s too); ``latest_round``: the latest round any other client reported, or an
@@ -191,7 +191,7 @@ class ServerSideController(Controller):
         raise WorkflowError(f"{type(self).__name__} cannot go on without it")
 
     def clients_lost(self, lost: list[str], participants: list[str]) -> None:  # noqa: B027 - optional hook
-        """Called once clients are judged lost for good (`_follow`): ``lost``, every one so far, sorted.
+        """Called once clients are judged lost for good (`_judge_lost`): ``lost``, every one so far, sorted.
 
         A lost client is not taken back should it return (it still counts as lost for
         ``min_clients``). Nothing to do by default; Swarm tells the clients left.
@@ -265,7 +265,8 @@ class ServerSideController(Controller):
 
     def _follow(self, participants: list[str]) -> None:
         """Look at the clients' status reports every `STATUS_CHECK_INTERVAL_S` until the workflow is
-        done (see the module); raise `WorkflowError` with the reason when it cannot go on."""
+        done (see the module) or the job aborts; raise `WorkflowError` with the reason when it
+        cannot go on."""
         state = _Following(started=time.monotonic())
         while not self.abort_signal.wait(STATUS_CHECK_INTERVAL_S):
             now = time.monotonic()

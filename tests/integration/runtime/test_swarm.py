@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -245,6 +246,42 @@ def wait_for_line(path: Path, text: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def site_2_dies_with_round_3s_model(
+    simulate, tmp_path: Path, late: str, holding: tuple[str, str]
+) -> tuple[dict[str, torch.Tensor], Any, str]:
+    """A 4-site, 4-round Swarm job where site-2 aggregates round 2 and sends round 3's model: the
+    ``holding`` sites pull it whole and are held, site-2 dies (SIGKILL), and only then does ``late``,
+    held at round 2 so far (round 2 closes without it once the others answered and 8 s passed),
+    pull it, in vain. Returns the initial model, the job's result and its output."""
+    workspace = tmp_path / "workspace"
+    job = make_swarm_job(
+        tmp_path,
+        num_rounds=4,
+        num_clients=4,
+        script_args=f"--pause {late}:1 " + " ".join(f"--hold {site}:2" for site in holding),
+        swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
+        controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 8},
+    )
+    initial = initial_model(job, 2, 32)
+    running = in_background(simulate, job)
+
+    # Round 3's model goes to its aggregation client first, then to the others one after the other:
+    # once both ``holding`` sites hold it, ``late`` took it too (queued: its learner waits on round 2).
+    go = [paused(tmp_path, site, 2, "holding") for site in holding]
+    site_2 = pids_of(str(tmp_path), "--site site-2")
+    assert site_2
+    for pid in site_2:
+        os.kill(pid, signal.SIGKILL)
+    late_log = workspace / late / "log.txt"
+    wait_for_line(late_log, "the server lost site-2")
+    paused(tmp_path, late, 1).touch()  # its round 2 goes on; then it pulls round 3's model, in vain
+    wait_for_line(late_log, "round 3's model not received: the server lost its sender site-2")
+    for go_file in go:
+        go_file.touch()
+    result, output = running()
+    return initial, result, output
+
+
 @pytest.mark.slow  # end to end; CI runs it with -m slow
 def test_a_trainer_that_could_not_pull_a_dead_senders_model_misses_one_round_while_the_others_go_on(
     simulate, tmp_path: Path
@@ -255,32 +292,7 @@ def test_a_trainer_that_could_not_pull_a_dead_senders_model_misses_one_round_whi
     with site-4 and sends round 4's model on, which site-1 takes from it: site-1 misses one round,
     and the job completes with the exact model of the rounds that counted."""
     workspace = tmp_path / "workspace"
-    job = make_swarm_job(
-        tmp_path,
-        num_rounds=4,
-        num_clients=4,
-        script_args="--pause site-1:1 --hold site-3:2 --hold site-4:2",
-        swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
-        # round 2 closes without site-1 (paused) once the others answered and 8 s passed
-        controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 8},
-    )
-    initial = initial_model(job, 2, 32)
-    running = in_background(simulate, job)
-
-    # Round 3's model goes to site-3, then to site-1 (queued: its learner waits on round 2), then to
-    # site-4, one after the other: once site-3 and site-4 hold it, site-1 took it too.
-    go_3, go_4 = (paused(tmp_path, site, 2, "holding") for site in ("site-3", "site-4"))
-    site_2 = pids_of(str(tmp_path), "--site site-2")
-    assert site_2
-    for pid in site_2:
-        os.kill(pid, signal.SIGKILL)
-    site_1_log = workspace / "site-1" / "log.txt"
-    wait_for_line(site_1_log, "the server lost site-2")
-    paused(tmp_path, "site-1", 1).touch()  # its round 2 goes on; then it pulls round 3's model, in vain
-    wait_for_line(site_1_log, "round 3's model not received: the server lost its sender site-2")
-    go_3.touch()
-    go_4.touch()
-    result, output = running()
+    initial, result, output = site_2_dies_with_round_3s_model(simulate, tmp_path, "site-1", ("site-3", "site-4"))
 
     assert result.state is JobState.FINISHED_COMPLETED, output
     rounds = read_json(workspace / "summary.json")["rounds"]
@@ -306,31 +318,7 @@ def test_a_round_its_aggregation_client_could_not_pull_is_dropped_by_its_trainer
     1's aggregation client) plays again: the job completes with the exact model of the rounds that
     counted, instead of ending at site-3's first refused result."""
     workspace = tmp_path / "workspace"
-    job = make_swarm_job(
-        tmp_path,
-        num_rounds=4,
-        num_clients=4,
-        script_args="--pause site-3:1 --hold site-1:2 --hold site-4:2",
-        swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
-        # round 2 closes without site-3 (paused) once the others answered and 8 s passed
-        controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 8},
-    )
-    initial = initial_model(job, 2, 32)
-    running = in_background(simulate, job)
-
-    # Round 3's model goes to site-3 first (queued: its learner waits on round 2), then site-1 and site-4.
-    go_1, go_4 = (paused(tmp_path, site, 2, "holding") for site in ("site-1", "site-4"))
-    site_2 = pids_of(str(tmp_path), "--site site-2")
-    assert site_2
-    for pid in site_2:
-        os.kill(pid, signal.SIGKILL)
-    site_3_log = workspace / "site-3" / "log.txt"
-    wait_for_line(site_3_log, "the server lost site-2")
-    paused(tmp_path, "site-3", 1).touch()  # its round 2 goes on; then it pulls round 3's model, in vain
-    wait_for_line(site_3_log, "round 3's model not received: the server lost its sender site-2")
-    go_1.touch()
-    go_4.touch()
-    result, output = running()
+    initial, result, output = site_2_dies_with_round_3s_model(simulate, tmp_path, "site-3", ("site-1", "site-4"))
 
     assert result.state is JobState.FINISHED_COMPLETED, output
     for site in ("site-1", "site-4"):

@@ -17,6 +17,7 @@ from engine.model import FLModel, ReturnCode, Shareable, make_reply, shareable_f
 from engine.model.ccwf import CONFIG_KEY, GLOBAL_MODELS_KEY, WorkflowStatus
 from engine.workflows.ccwf import CrossSiteEvalServerController, SwarmServerController
 from engine.workflows.ccwf.cross_site_eval import RESULT_FILE
+from engine.workflows.ccwf.server_side import _Following
 
 CLIENTS = ["site-1", "site-2", "site-3"]
 
@@ -441,7 +442,7 @@ def test_a_lost_client_whose_turn_was_skipped_or_that_came_back_does_not_end_the
     [error] = finish(thread)
     assert time.monotonic() - started < 4
     # site-2, lost for good before, is not heard: site-3 alone says who aggregates the round
-    assert "site-1 is lost (stopped answering), and it aggregates round 2 (as " in str(error)
+    assert "site-1 is lost (stopped answering), and it aggregates round 2 (as site-3 reported)" in str(error)
 
 
 def test_a_failed_config_task_ends_the_swarm_naming_the_client(start) -> None:
@@ -521,14 +522,30 @@ def test_a_status_survives_its_header_and_a_malformed_one_is_refused() -> None:
         WorkflowStatus.from_header({"round": 1})
 
 
-def test_clients_lost_at_the_same_look_are_each_judged_with_their_own_reason(start) -> None:
-    """site-1 (round 2's aggregation client) stops answering as site-2 is found silent: both are
-    judged at the same look, and the swarm ends naming site-1 with its own reason, not site-2's."""
-    clients, thread, report, keep_reporting = swarm_to_follow(start)
-    keep_reporting(1.0, 1, "site-1", **{"site-1": "aggregating", "site-2": "training", "site-3": "training"})
-    clients.reports["site-2"] = ReceivedStatus(time.monotonic() - 10, clients.reports["site-2"].status)
-    clients.dead.add("site-1")
-    keep_reporting(5.0, 1, "site-1", **{"site-3": "idle"})
+def test_clients_lost_at_the_same_look_are_each_judged_with_their_own_reason() -> None:
+    """site-1 (round 2's aggregation client) stopped answering and site-2 fell silent, both noted at
+    the same look: judged together two status intervals later, the swarm ends naming site-1 with its
+    own reason, not site-2's."""
+    workflow = SwarmServerController(
+        num_rounds=4, aggr_clients=["site-1", "site-2"], min_clients=1, max_status_report_interval=3
+    )
+    queue = TaskQueue(CLIENTS)
+    workflow.bind(queue, context=JobContext())
+    now = time.monotonic()
+    phases = {"site-1": "aggregating", "site-2": "training", "site-3": "idle"}
+    statuses = {
+        site: WorkflowStatus("swarm", round=1, aggr="site-1", phase=p, progress=1) for site, p in phases.items()
+    }
+    reports = {site: ReceivedStatus(now - 10, status) for site, status in statuses.items()}
+    state = _Following(started=now - 20, lost={"site-1", "site-2"})
+    state.unjudged.update({"site-1": (now - 2, "stopped answering"), "site-2": (now - 2, "sent no status for 10 s")})
+    try:
+        with pytest.raises(WorkflowError) as raised:
+            workflow._judge_lost(state, CLIENTS, statuses, reports, {"site-1"}, now)
+    finally:
+        queue.end_run()
 
-    [error] = finish(thread)
-    assert "site-1 is lost (stopped answering), and it aggregates round 2 (as " in str(error)
+    assert "site-1 is lost (stopped answering), and it aggregates round 2 (as site-2, site-3 reported)" in str(
+        raised.value
+    )
+    assert state.gone == {"site-1", "site-2"}
