@@ -35,6 +35,7 @@ from engine.executors.ccwf.client_side import (
     refused,
 )
 from engine.executors.ccwf.gathering import RoundGathering, in_memory, private_copy
+from engine.executors.ccwf.swarm_drop import RoundDrop
 from engine.executors.ccwf.swarm_give_up import GiveUp
 from engine.executors.ccwf.swarm_hand_in import ResultHandIn
 from engine.executors.ccwf.swarm_intake import GAVE_UP_KEY, ResultIntake
@@ -66,8 +67,6 @@ SWARM_PREFIX = "swarm"
 #: a trainer's result to the aggregation client, the final model to a result client, and the
 #: aggregation client's word to a trainer that it gave the round up (`SwarmRoles.drop_refusal`).
 LEARN, RESULT, FINAL, DROP = "learn", "result", "final", "drop"
-#: Header key of a trainer's refusal of a drop: final, the aggregation client asks no more.
-DROP_REFUSED_KEY = "drop_refused"
 #: Default bound on a round at its aggregation client, in seconds.
 DEFAULT_LEARN_TASK_TIMEOUT_S = 3600.0
 
@@ -179,12 +178,12 @@ class SwarmClientController(ClientSideController):
         self._threads: list[threading.Thread] = []
         self.intake: ResultIntake | None = None
         self.give_up: GiveUp | None = None
+        self.drop: RoundDrop | None = None
         #: Bytes of the last round's model this client held: a peer's next model may announce at
         #: most `limits_after` it (an aggregate is the size of what it was made from); None
         #: before this client held one (a trainer's first round takes the size announced).
         self._model_bytes: int | None = None
         self._status_round_lock = threading.Lock()  # the round reported is read from the roles and sent in one go
-        self._drop_wait = threading.Lock()  # held while a drop waits to hear of its sender's loss (`_on_drop`)
 
     def use_job_paths(self, paths: JobPaths) -> None:
         """Check ``download_to_disk_dir`` (when downloads go to disk) against the folders the site allows.
@@ -246,7 +245,24 @@ class SwarmClientController(ClientSideController):
             self.download_to_disk,
             self.site,
         )
-        handlers = ((LEARN, self._on_learn), (RESULT, self._on_result), (FINAL, self._on_final), (DROP, self._on_drop))
+        self.drop = RoundDrop(
+            self.cell,
+            self._topic(DROP),
+            self.roles,
+            self.give_up,
+            self.stopped,
+            self._loss_judged_within_s(),
+            self.learn_task_ack_timeout,
+            self.submit_interval,
+            self._spawn,
+            self._report_round,
+        )
+        handlers = (
+            (LEARN, self._on_learn),
+            (RESULT, self._on_result),
+            (FINAL, self._on_final),
+            (DROP, self.drop.on_drop),
+        )
         for topic, handler in handlers:
             self.cell.register_handler(CCWF_CHANNEL, self._topic(topic), handler)
         self._spawn(self._learn_loop, "learner")
@@ -435,7 +451,7 @@ class SwarmClientController(ClientSideController):
         when another client had the model whole and the swarm goes on with the round, this client
         takes the next round's model from the round's aggregation client and misses one round.
         When this client is the round's aggregation client, the trainers that had the model drop
-        the round too (`_drop_at`), and the round before is played again.
+        the round too (`RoundDrop.ask`), and the round before is played again.
 
         Raises:
             StreamingError: The pull failed, and the server did not lose the sender (at once when
@@ -458,7 +474,7 @@ class SwarmClientController(ClientSideController):
                 ):
                     raise
                 shown = shown_round(current_round)
-                if current_round > self.roles.last_round:  # dropped meanwhile (`_on_drop`)
+                if current_round > self.roles.last_round:  # dropped meanwhile (`RoundDrop.on_drop`)
                     log.warning("round %s's model not received: the round was dropped", shown)
                     return None
                 if not self._give_up.round(current_round, aggr, sender, e):  # it took a later round: that one goes on
@@ -469,7 +485,7 @@ class SwarmClientController(ClientSideController):
                 if aggr == self.site:
                     had_it = self._intake.abandon(current_round)
                     if had_it:  # they drop the round too, so that the round before is played again
-                        self._drop_at(had_it, current_round)
+                        self._drop.ask(had_it, current_round)
                 elif self.roles.trains:  # the round's aggregation client waits for no result of this client
                     result = failed(ReturnCode.EXECUTION_EXCEPTION, f"{e}"[:300])
                     self.hand_in.submit(aggr, current_round, result, gave_up=True)
@@ -481,6 +497,11 @@ class SwarmClientController(ClientSideController):
     def _give_up(self) -> GiveUp:
         assert self.give_up is not None, "the config task has not run"
         return self.give_up
+
+    @property
+    def _drop(self) -> RoundDrop:
+        assert self.drop is not None, "the config task has not run"
+        return self.drop
 
     def _loss_judged_within_s(self) -> float:
         """How long the server takes to say a dead client is lost: the heartbeat timeout and three status intervals."""
@@ -531,79 +552,11 @@ class SwarmClientController(ClientSideController):
         assert site is not None  # result_refusal checked it
         current_round = message.header.get("round")
         if self._give_up.gave_up_own_round(current_round) and message.header.get(GAVE_UP_KEY) is not True:
-            self._drop_at([site], current_round)  # the trainer had the round's model: it drops the round too
+            self._drop.ask([site], current_round)  # the trainer had the round's model: it drops the round too
             return refused(
                 message, f"{self.site} gave round {shown_round(current_round)} up: its model never came whole"
             )
         return self._intake.on_result(message, site)
-
-    def _drop_at(self, trainers: list[str], current_round: int) -> None:
-        """Have ``trainers``, which had round ``current_round``'s model this client (its aggregation
-        client) gave up, drop the round (`SwarmRoles.drop_refusal`), in the background, each asked
-        once: back at the round before with every other client, which the server then has played
-        again. A trainer that cannot (its answer says so), or that does not answer while the server
-        still has it, ends the job (`GiveUp.left_behind`): the swarm cannot go on from there."""
-        for site in self._give_up.to_drop(trainers):
-            self._spawn(lambda site=site: self._drop_one(site, current_round), f"drop-{current_round}-{site}")
-
-    def _drop_one(self, site: str, current_round: int) -> None:
-        shown = shown_round(current_round)
-        # The trainer may hear of the sender's loss a little after this client did, and wait for
-        # it (`_on_drop`); one that died is lost to the server within about as long.
-        deadline = time.monotonic() + 2 * self._loss_judged_within_s() + self.learn_task_ack_timeout
-        while not self.stopped.is_set():
-            if site in self.roles.lost:
-                return  # the server plays the round before again without it
-            future = self.cell.request_async(
-                site,
-                CCWF_CHANNEL,
-                self._topic(DROP),
-                {"round": current_round},
-                (),
-                max(1.0, deadline - time.monotonic()),
-            )
-            reply = future.result()
-            if reply.status is Status.OK:
-                log.warning("round %s dropped at %s too: it had the round's model this client gave up", shown, site)
-                return
-            if reply.header.get(DROP_REFUSED_KEY) is True or time.monotonic() > deadline:
-                if not self.stopped.is_set() and site not in self.roles.lost:
-                    why = f"{reply.status.value}: {reply.reason}"
-                    self._give_up.left_behind(
-                        f"{site} had it and handed in a result, and could not drop the round: {why}"
-                    )
-                return
-            self.stopped.wait(self.submit_interval)
-
-    def _on_drop(self, message: Message) -> Reply:
-        """The round's aggregation client gave the round up while this client had its model: drop it
-        (`SwarmRoles.drop_refusal`) and report the round before, which the server has played again.
-        A refusal says it is final (`DROP_REFUSED_KEY`): asking again would change nothing."""
-        current_round = message.header.get("round")
-        if type(current_round) is not int:
-            return refused(message, f"the message names no round number (round={current_round!r})")
-        why = self.roles.drop_blocked(message.source, current_round)
-        sender = self.roles.sender_of(current_round)
-        if why is None and sender is not None and self._drop_wait.acquire(blocking=False):
-            # This client may be told of the sender's loss a little after its aggregation client
-            # was: wait for it, on one handler thread at most.
-            try:
-                self._give_up.lost_soon(sender, self._loss_judged_within_s())
-            finally:
-                self._drop_wait.release()
-        why = why or self.roles.drop_refusal(message.source, current_round)
-        if why:
-            reply = refused(message, why)
-            return dataclasses.replace(reply, header={**reply.header, DROP_REFUSED_KEY: True})
-        if sender is not None:  # None: dropped already, at the same word (the answer was lost)
-            log.warning(
-                "round %s dropped: its aggregation client %s never got its model whole (its sender %s was lost)",
-                shown_round(current_round),
-                message.source,
-                sender,
-            )
-        self._report_round(phase="idle")
-        return Reply(header={})
 
     def _gather(self, entry: RoundGathering) -> None:
         try:
