@@ -10,6 +10,8 @@ lost the model's sender (`SwarmRoles.drop_refusal`).
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -17,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from engine.cells import Cell, Message, Reply, Status
+from engine.cells.protocol import STOP_POLL_S
 from engine.executors.ccwf.client_side import refused
 from engine.executors.ccwf.swarm_give_up import GiveUp
 from engine.executors.ccwf.swarm_roles import SwarmRoles
@@ -94,7 +97,12 @@ class RoundDrop:
                 return  # the server plays the round before again without it
             timeout_s = max(1.0, deadline - time.monotonic())
             future = self.cell.request_async(site, CCWF_CHANNEL, self.topic, {"round": current_round}, (), timeout_s)
-            reply = future.result()
+            reply = None
+            while reply is None and not self.stopped.is_set():  # the job's end is not kept waiting
+                with contextlib.suppress(concurrent.futures.TimeoutError):
+                    reply = future.result(timeout=STOP_POLL_S)
+            if reply is None:
+                return
             if reply.status is Status.OK:
                 log.warning("round %s dropped at %s too: it had the round's model this client gave up", shown, site)
                 return
