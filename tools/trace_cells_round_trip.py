@@ -27,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,9 @@ def timeline(
 def trace(inline: bool, curve: bool, count: int, gap_us: float) -> dict:
     from engine.cells import Cell, CellSettings
 
-    env = dict(os.environ, **{STAMPS_ENV: f"/tmp/trace-cells-{os.getpid()}.json"})
+    handle, stamps_file = tempfile.mkstemp(prefix="trace-cells-", suffix=".json")
+    os.close(handle)
+    env = dict(os.environ, **{STAMPS_ENV: stamps_file})
     env.pop(KEYS_ENV, None)
     keys = None
     if curve:
@@ -140,11 +143,14 @@ def trace(inline: bool, curve: bool, count: int, gap_us: float) -> dict:
                 time.sleep(gap_us / 1e6)
         finally:
             cell.stop()
-    finally:
         child.stdin.close()
         child.wait(timeout=30)
-    server_stamps = [tuple(entry) for entry in json.loads(Path(env[STAMPS_ENV]).read_text())]
-    os.unlink(env[STAMPS_ENV])
+        server_stamps = [tuple(entry) for entry in json.loads(Path(stamps_file).read_text())]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        Path(stamps_file).unlink(missing_ok=True)
     steps, matching = timeline(calls, list(stamps), server_stamps)
     return {
         "handler": "inline" if inline else "pool",

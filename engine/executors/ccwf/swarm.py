@@ -176,6 +176,7 @@ class SwarmClientController(ClientSideController):
         self._inbox: queue.Queue[tuple[dict[str, Any], Any]] = queue.Queue()
         self._exits = contextlib.ExitStack()
         self._threads: list[threading.Thread] = []
+        self._threads_lock = threading.Lock()
         self.intake: ResultIntake | None = None
         self.give_up: GiveUp | None = None
         self.drop: RoundDrop | None = None
@@ -324,7 +325,9 @@ class SwarmClientController(ClientSideController):
         self.stopped.set()
         if self.give_up is not None:
             self.give_up.stop()
-        for thread in self._threads:
+        with self._threads_lock:
+            threads = list(self._threads)
+        for thread in threads:
             thread.join(5.0)
         if self.intake is not None:
             self.intake.shutdown()
@@ -660,7 +663,9 @@ class SwarmClientController(ClientSideController):
         return f"{self.task_name_prefix}_{name}"
 
     def _spawn(self, target: Any, name: str) -> None:
+        """Run ``target`` on a thread that `finalize` joins (called by the learner and the cell's handlers)."""
         thread = threading.Thread(target=target, name=f"{self.site}-{name}", daemon=True)
-        self._threads = [t for t in self._threads if t.is_alive()]
-        self._threads.append(thread)
+        with self._threads_lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
         thread.start()

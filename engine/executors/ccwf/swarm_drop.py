@@ -78,11 +78,13 @@ class RoundDrop:
 
     def ask(self, trainers: list[str], current_round: int) -> None:
         """Have ``trainers``, which had round ``current_round``'s model this client (its aggregation
-        client) gave up, drop the round, in the background, each asked once (`GiveUp.to_drop`).
+        client) gave up, drop the round, in the background: one asker per trainer
+        (`GiveUp.to_drop`), asking again every ``interval_s`` while it gets no answer.
 
         A trainer that refuses (its answer says it is final), or that does not answer for twice the
-        time a loss takes to judge while the server still has it, ends the job
-        (`GiveUp.left_behind`): the swarm cannot go on from there.
+        time a loss takes to judge plus ``ack_timeout_s`` while the server still has it, ends the
+        job (`GiveUp.left_behind`): the swarm cannot go on from there. Asking stops once the round
+        before is taken again (the swarm went on) or the job ends.
         """
         for site in self.give_up.to_drop(trainers):
             self.spawn(lambda site=site: self._ask_one(site, current_round), f"drop-{current_round}-{site}")
@@ -95,6 +97,8 @@ class RoundDrop:
         while not self.stopped.is_set():
             if site in self.roles.lost:
                 return  # the server plays the round before again without it
+            if not self.give_up.gave_up_own_round(current_round):
+                return  # the round before was taken again: the swarm went on
             timeout_s = max(1.0, deadline - time.monotonic())
             future = self.cell.request_async(site, CCWF_CHANNEL, self.topic, {"round": current_round}, (), timeout_s)
             reply = None
@@ -122,16 +126,19 @@ class RoundDrop:
         (`SwarmRoles.drop_refusal`) and report the round before, which the server has played again.
 
         Checks that can never pass are answered at once; only the wait for the server's word on
-        the model's sender holds a handler thread, one at most. A refusal says it is final
-        (`DROP_REFUSED_KEY`): asking again would change nothing.
+        the model's sender holds a handler thread, one at most (a drop arriving meanwhile is asked
+        to come again). A refusal says whether it is final (`DROP_REFUSED_KEY`): asking again
+        would change nothing.
         """
         current_round = message.header.get("round")
         if type(current_round) is not int:
             return refused(message, f"the message names no round number (round={current_round!r})")
         why = self.roles.drop_blocked(message.source, current_round)
         sender = self.roles.sender_of(current_round)
-        if why is None and sender is not None and self._waiting.acquire(blocking=False):
+        if why is None and sender is not None and sender not in self.roles.lost:
             # This client may be told of the sender's loss a little after its aggregation client was.
+            if not self._waiting.acquire(blocking=False):
+                return refused(message, "another drop waits for the server's word on its sender; ask again")
             try:
                 self.give_up.lost_soon(sender, self.loss_judged_within_s)
             finally:
