@@ -269,8 +269,7 @@ class SwarmRoles:
                 return False  # not the last round taken, or the round before it was not taken (or given up)
             # Its own round given up, it cannot have gone on without this client.
             self._given_up = (current_round, self._last_aggr) if self._last_aggr != self.site else None
-            self._last_round, self._last_aggr, self._last_sender, self._replays = self._before
-            self._before = (None, "", "", 0)
+            self._back_to_before()
             return True
 
     def drop_refusal(self, sender: str, current_round: int) -> str | None:
@@ -285,7 +284,7 @@ class SwarmRoles:
         the round model's sender. Said again by it, the drop is answered as done.
         """
         with self._lock:
-            if self._dropped[0] == current_round and owner_among(sender, [self._dropped[1]]) is not None:
+            if self._said_again(sender, current_round):
                 return None  # its word came again (its first answer was lost)
             why = self._drop_blocked(sender, current_round)
             if why:
@@ -294,8 +293,7 @@ class SwarmRoles:
                 shown, sender_of = shown_round(current_round), self._last_sender
                 return f"round {shown}'s model came from {sender_of}, which the server did not lose"
             self._dropped = (current_round, self._last_aggr)
-            self._last_round, self._last_aggr, self._last_sender, self._replays = self._before
-            self._before = (None, "", "", 0)
+            self._back_to_before()
             self._given_up = None
         return None
 
@@ -303,9 +301,16 @@ class SwarmRoles:
         """Why round ``current_round`` can never be dropped at ``sender``'s word, whatever the
         server says of the round model's sender (see `drop_refusal`); None: it may be."""
         with self._lock:
-            if self._dropped[0] == current_round and owner_among(sender, [self._dropped[1]]) is not None:
-                return None
-            return self._drop_blocked(sender, current_round)
+            return None if self._said_again(sender, current_round) else self._drop_blocked(sender, current_round)
+
+    def _said_again(self, sender: str, current_round: int) -> bool:
+        """Whether round ``current_round`` was dropped already at ``sender``'s word (lock held)."""
+        return self._dropped[0] == current_round and owner_among(sender, [self._dropped[1]]) is not None
+
+    def _back_to_before(self) -> None:
+        """Make the round taken before the last one the last again (lock held): `untake`, `drop_refusal`."""
+        self._last_round, self._last_aggr, self._last_sender, self._replays = self._before
+        self._before = (None, "", "", 0)
 
     def _drop_blocked(self, sender: str, current_round: int) -> str | None:
         """`drop_blocked` (lock held)."""
