@@ -92,6 +92,15 @@ class ModelPersistor(ABC):
         """
         raise LookupError(f"{type(self).__name__} cannot give back the last model it saved")
 
+    def load_starting_model(self) -> FLModel:
+        """The model the run started from, read again (a Swarm first round played again sends it).
+
+        Raises:
+            LookupError: This persistor cannot read it again (the default): it handed its
+                starting weights out and keeps no file of them.
+        """
+        raise LookupError(f"{type(self).__name__} cannot read the starting model again")
+
     def drop_initial_model(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """This side will not start from the initial model (another site loads it): free it.
 

@@ -191,6 +191,21 @@ class PTFileModelPersistor(ModelPersistor):
             raise LookupError("no global model was saved yet in this run")
         return self._load_file(saved, "global model")
 
+    def load_starting_model(self) -> FLModel:
+        """The starting checkpoint read again (``source_ckpt_file_full_name``), FULL params.
+
+        Raises:
+            LookupError: The job names no starting checkpoint: the starting weights were the
+                module's, handed out once (`load_model`) and kept nowhere.
+            FileNotFoundError, ValueError: As `load_model`.
+        """
+        if self._source is None:
+            raise LookupError(
+                "the starting weights were the module's, handed out once and kept nowhere; name a starting "
+                "checkpoint (source_ckpt_file_full_name) for the first round to be played again after a loss"
+            )
+        return self._load_file(self._source, "source_ckpt_file_full_name")
+
     def global_params_for_reading(self) -> Mapping[str, Any]:
         """The last saved global model as references into its file (read a block at a time).
 

@@ -280,10 +280,12 @@ class SwarmClientController(ClientSideController):
         round's aggregation client; send the round's model again.
 
         This client sent the round's model the first time: it aggregated the round before, and
-        its persistor's last saved model is that model (`ModelPersistor.load_saved_model`; the
-        starting client saved none, so the first round is not played again). The model is read
-        now (the task fails if it cannot be), and goes to the next aggregation client in turn,
-        past the ones the server lost, in the background (each peer may take its time to answer).
+        its persistor's last saved model is that model (`ModelPersistor.load_saved_model`). The
+        first round's model is the starting model, read again from the starting checkpoint
+        (`ModelPersistor.load_starting_model`), here or, when the server lost the starting
+        client, at the aggregation client it chose instead. The model is read now (the task
+        fails if it cannot be), and goes to the next aggregation client in turn, past the ones
+        the server lost, in the background (each peer may take its time to answer).
         """
         if name == LOST_TASK:
             return self._lose(shareable.get(LOST_KEY))
@@ -296,7 +298,7 @@ class SwarmClientController(ClientSideController):
             raise ValueError(
                 f"{self.site} took the final model: its last saved model is not round {current_round + 1}'s"
             )
-        model = self.persistor.load_saved_model()
+        model = self._model_to_play_again(current_round)
         lost = set(self.roles.in_swarm([str(site) for site in excluded]))  # a participant may have no role
         log.warning("round %d played again, without %s", current_round + 1, ", ".join(sorted(lost)))
 
@@ -309,6 +311,16 @@ class SwarmClientController(ClientSideController):
 
         self._spawn(replay, f"replay-{current_round}")
         return Shareable()
+
+    def _model_to_play_again(self, current_round: int) -> FLModel:
+        """Round ``current_round``'s model as this client sent it, or the starting model for the first round.
+
+        Raises:
+            LookupError: The persistor cannot give it back (why, for the task's failure).
+        """
+        if current_round == self.roles.start_round:
+            return self.persistor.load_starting_model()
+        return self.persistor.load_saved_model()
 
     def _lose(self, sites: Any) -> Shareable:
         """The swarm goes on without ``sites``: no round's model goes to them, no round waits for

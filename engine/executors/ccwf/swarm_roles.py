@@ -5,8 +5,9 @@ child cell of that site); but a site with a valid key can still lie about its ro
 A Swarm client therefore takes a round's model, a result or the final model only from the
 sites the server's config names for that role, and only for the round it expects:
 
-- the first round's model from the ``starting_client``; a later round's from an aggregation
-  client, namely the one that aggregated the previous round when this client took part in it;
+- the first round's model from the ``starting_client`` (played again once the server lost it, from
+  an aggregation client left); a later round's from an aggregation client, namely the one that
+  aggregated the previous round when this client took part in it;
 - rounds in order: never one it already took, never one outside the job's rounds, and a
   trainer (which takes every round) only the one after its last, save the one after a round it
   gave up (`untake`), from that round's aggregation client: the swarm went on without it;
@@ -212,6 +213,7 @@ class SwarmRoles:
                 if why is None:
                     self._replays += 1
                     self._last_aggr = aggr
+                    self._last_sender = owner_among(sender, [*self.aggr_clients, self.starting_client]) or sender
                     self._forget_given_up()
                     # the last round played again: its final model comes again, from the new aggregation client
                     self._final_taken = self._final_taken and current_round != self.end_round - 1
@@ -228,7 +230,7 @@ class SwarmRoles:
                         f"round {shown_round(current_round)} is ahead: "
                         f"{self.site} trains round {shown_round(expected)} next"
                     )
-            why = self._sender_refusal(sender, current_round)
+            why = self._sender_refusal(sender, current_round, isinstance(header.get(REPLAY_KEY), list))
             if why:
                 return why
             self._took(current_round, aggr, owner_among(sender, [*self.aggr_clients, self.starting_client]) or sender)
@@ -240,7 +242,7 @@ class SwarmRoles:
             if self._last_round is None or current_round > self._last_round:
                 self._took(current_round, aggr, self.site)
             elif current_round == self._last_round:  # played again: its new aggregation client
-                self._last_aggr = aggr
+                self._last_aggr, self._last_sender = aggr, self.site
                 self._forget_given_up()
 
     def _took(self, current_round: int, aggr: str, sender: str) -> None:
@@ -345,11 +347,12 @@ class SwarmRoles:
     def _replay_refusal(self, sender: str, current_round: int, aggr: str) -> str | None:
         """Why round ``current_round``'s model sent again is refused (called with the lock held).
 
-        Only the site that sent it the first time may, naming another aggregation client, and
-        at most `MAX_REPLAYS` times.
+        Only the site that sent it the first time may (or, for the first round once the server
+        lost the starting client, an aggregation client: `_starts_again`), naming another
+        aggregation client, and at most `MAX_REPLAYS` times.
         """
         shown = shown_round(current_round)
-        if owner_among(sender, [self._last_sender]) is None:
+        if owner_among(sender, [self._last_sender]) is None and not self._starts_again(sender, current_round):
             return f"{sender} may not send round {shown}'s model again: {self._last_sender} sent it"
         if aggr == self._last_aggr:
             return f"round {shown}'s model sent again names its aggregation client {aggr} again"
@@ -404,9 +407,23 @@ class SwarmRoles:
             return f"round {shown_round(current_round)} is not a round of this swarm ({first} to {last})"
         return None
 
-    def _sender_refusal(self, sender: str, current_round: int) -> str | None:
-        """Whether ``sender`` is who sends round ``current_round``'s model (called with the lock held)."""
+    def _starts_again(self, sender: str, current_round: int) -> bool:
+        """Whether ``sender`` may send the first round's model again in place of the starting client
+        (lock held): the server lost the starting client, and chose an aggregation client left to
+        send the starting model again (`ModelPersistor.load_starting_model`)."""
+        return (
+            current_round == self.start_round
+            and self.starting_client in self._lost
+            and owner_among(sender, self.aggr_clients) is not None
+            and owner_among(sender, sorted(self._lost)) is None
+        )
+
+    def _sender_refusal(self, sender: str, current_round: int, replay: bool = False) -> str | None:
+        """Whether ``sender`` is who sends round ``current_round``'s model (called with the lock held);
+        ``replay``: the model says it is sent again."""
         if current_round == self.start_round:
+            if replay and self._starts_again(sender, current_round):
+                return None
             expected, role = [self.starting_client], f"the starting_client ({self.starting_client})"
         elif self._after_given_up(current_round):
             assert self._given_up is not None

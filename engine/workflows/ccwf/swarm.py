@@ -190,7 +190,9 @@ class SwarmServerController(ServerSideController):
         """Play the round again: the client that sent its model sends it to another aggregation client.
 
         That client is the one that aggregated the round before (its last saved model is the
-        round's model) or, for the first round, the starting client.
+        round's model) or, for the first round, the starting client, which reads its starting
+        checkpoint again. Lost itself, the first aggregation client left does so in its place,
+        once the others were told of the loss (they take the round's model from it only then).
 
         Raises:
             WorkflowError: `MAX_ROUND_REPLAYS` rounds were played again already, that client is
@@ -207,9 +209,10 @@ class SwarmServerController(ServerSideController):
             if not missing:
                 raise WorkflowError("the final model would go to nobody")
         trusted = self.aggr_clients if self.aggr_clients is not None else list(reports)
-        sender = (
-            self.starter if latest_round == self.start_round else _aggregator_of(reports, latest_round - 1, trusted)
-        )
+        if latest_round == self.start_round:
+            sender = self._starting_sender(trusted, reports, lost)
+        else:
+            sender = _aggregator_of(reports, latest_round - 1, trusted)
         if not sender or sender in lost:
             raise WorkflowError(f"no client left holds round {shown_round(latest_round)}'s model to play it again")
         data = Shareable({REPLAY_ROUND_KEY: latest_round, REPLAY_EXCLUDE_KEY: sorted(lost)})
@@ -221,6 +224,23 @@ class SwarmServerController(ServerSideController):
         self._replays += 1
         self._replaying[latest_round] = (sender, site)
         return f"{sender} sent round {shown_round(latest_round)}'s model again, to another aggregation client"
+
+    def _starting_sender(self, aggrs: list[str], reports: Mapping[str, WorkflowStatus], lost: set[str]) -> str:
+        """Who sends the first round's model again: the starting client, else (lost) the first
+        aggregation client left, once every client left heard of the loss ("" when none is left)."""
+        if self.starter not in lost:
+            return self.starter
+        left = [site for site in reports if site not in lost]
+        sender = next((site for site in aggrs if site in left), "")
+        if sender:
+            # A client takes the first round's model from another than the starting client only
+            # once it knows the server lost that one (`SwarmRoles._starts_again`): tell them first.
+            task = Task(self.task_name(LOST_TASK), Shareable({LOST_KEY: sorted(lost)}), timeout=self.start_task_timeout)
+            self.broadcast_and_wait(task, left, min_responses=0, abort_signal=self.abort_signal)
+            unaware = failed_clients(task, left)
+            if unaware:
+                log.warning("not told the starting client is lost: %s", unaware)
+        return sender
 
     def clients_lost(self, lost: list[str], participants: list[str]) -> None:
         """Tell ``participants`` (but the lost) whom the swarm lost (a ``swarm_lost`` task each, answered at once).

@@ -84,11 +84,13 @@ def make_swarm_job(
     controller_args: dict[str, Any] | None = None,
     cross_site_eval: bool = False,
     validator_args: dict[str, Any] | None = None,
+    starting_checkpoint: str = "",
 ) -> Path:
     """Write a Swarm job (BenchNet, the BENCHMARK.md update), with cross-site evaluation if asked.
 
     ``validator_args`` routes ``validate`` to ``bench_validator.BenchValidator`` (which can fail
-    one validation) instead of the script.
+    one validation) instead of the script. ``starting_checkpoint``: the persistor's
+    ``source_ckpt_file_full_name`` (a file the test writes in the app folder).
     """
     job = root / "swarm_job"
     custom = job / "app" / "custom"
@@ -133,7 +135,9 @@ def make_swarm_job(
     (job / "app" / "config" / "config_fed_client.conf").write_text(
         f"format_version = 2\n{streaming}executors = {json.dumps(executors)}\n"
         f"components = [{{ id = persistor, path = engine.persistors.PTFileModelPersistor, args {{\n"
-        f"  model {{ path = benchnet_model.BenchNet, args {{ layers = {layers}, width = {width} }} }} }} }}\n"
+        f"  model {{ path = benchnet_model.BenchNet, args {{ layers = {layers}, width = {width} }} }}\n"
+        + (f"  source_ckpt_file_full_name = {json.dumps(starting_checkpoint)}\n" if starting_checkpoint else "")
+        + "  } }\n"
         f"  {{ id = aggregator, path = engine.aggregators.DXOAggregator, args {{ expected_data_kind = WEIGHTS }} }}\n"
         f"  {{ id = shareable_generator, path = engine.workflows.FullModelShareableGenerator }} ]\n"
     )

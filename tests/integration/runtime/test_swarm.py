@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from engine.config import job_code_on_path
 from engine.fault_points import FAULT_POINT_ENV
@@ -163,6 +163,54 @@ def test_a_dead_aggregation_client_costs_its_round_which_another_plays_again(sim
     assert rounds[1]["clients"] == ["site-1", "site-3"]  # played again without site-2
     assert "site-1 sent round 2's model again, to another aggregation client" in output
     assert_rounds_that_counted(tmp_path / "workspace", ("site-1", "site-3"), initial, rounds, 3)
+
+
+@pytest.mark.slow  # end to end; CI runs it with -m slow (the roles: test_swarm_roles.py)
+@pytest.mark.parametrize("checkpoint", [True, False], ids=["from a checkpoint", "from the module"])
+def test_a_starting_client_lost_in_the_first_round_costs_the_round_which_another_plays_from_the_checkpoint(
+    simulate, tmp_path: Path, checkpoint: bool
+) -> None:
+    """site-1 starts the swarm and aggregates round 1; site-2 and site-3 hold round 1's model
+    whole, and site-1 dies (SIGKILL). The server tells site-2 and site-3, then has site-2 (the
+    first aggregation client left) play round 1 again from the starting checkpoint, which it
+    aggregates: the job completes with the checkpoint's weights moved by the rounds that counted,
+    instead of ending for want of round 1's model. Started from the module's own weights (no
+    checkpoint), nobody has them any more: the job ends saying what to configure."""
+    workspace = tmp_path / "workspace"
+    job = make_swarm_job(
+        tmp_path,
+        num_rounds=2,
+        script_args="--hold site-2:0 --hold site-3:0",
+        swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
+        controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 30},
+        starting_checkpoint="starting.safetensors" if checkpoint else "",
+    )
+    start = {name: tensor + 1.0 for name, tensor in initial_model(job, 2, 32).items()}  # not the module's
+    save_file(start, job / "app" / "starting.safetensors")
+    running = in_background(simulate, job)
+
+    go = [paused(tmp_path, site, 0, "holding") for site in ("site-2", "site-3")]
+    site_1 = pids_of(str(tmp_path), "--site site-1")
+    assert site_1
+    for pid in site_1:
+        os.kill(pid, signal.SIGKILL)
+    for go_file in go:
+        go_file.touch()
+    result, output = running()
+
+    if not checkpoint:
+        assert result.state is JobState.FINISHED_EXECUTION_EXCEPTION, output
+        reason = read_json(workspace / "summary.json")["reason"]
+        assert "site-2 could not play round 1 again" in reason and "source_ckpt_file_full_name" in reason, reason
+        return
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    assert "site-2 sent round 1's model again, to another aggregation client" in output
+    rounds = read_json(workspace / "summary.json")["rounds"]
+    assert [(entry["round"], entry["aggregator"], entry["clients"]) for entry in rounds] == [
+        (1, "site-2", ["site-2", "site-3"]),
+        (2, "site-2", ["site-2", "site-3"]),  # its turn again: site-1, whose turn it was, is lost
+    ]
+    assert_rounds_that_counted(workspace, ("site-2", "site-3"), start, rounds, 3)
 
 
 @pytest.mark.slow  # end to end; CI runs it with -m slow (the server's judgement: test_ccwf_server.py)

@@ -160,6 +160,27 @@ def test_load_model_reads_the_source_checkpoint(tmp_path: Path) -> None:
     assert_bitwise_equal(model.params, source)
 
 
+def test_the_starting_model_is_the_source_checkpoint_read_again_whatever_was_saved_since(tmp_path: Path) -> None:
+    source = {name: torch.full_like(t, 0.5) for name, t in Net().state_dict().items()}
+    ckpt = tmp_path / "start.safetensors"
+    safetensors.torch.save_file(source, ckpt)
+    persistor = PTFileModelPersistor(model=Net(), source_ckpt_file_full_name=str(ckpt))
+    persistor.use_workspace(tmp_path / "app")
+    persistor.drop_initial_model()
+    persistor.save_model(FLModel(params={name: t + 1 for name, t in source.items()}))
+
+    again = persistor.load_starting_model()
+
+    assert list(again.params) == list(Net().state_dict())
+    assert_bitwise_equal(again.params, source)
+
+
+def test_starting_weights_from_the_module_cannot_be_read_again(persistor: PTFileModelPersistor) -> None:
+    persistor.load_model()  # the module's weights, handed out
+    with pytest.raises(LookupError, match=r"name a starting checkpoint \(source_ckpt_file_full_name\)"):
+        persistor.load_starting_model()
+
+
 def test_round_trip_through_the_source_checkpoint(persistor: PTFileModelPersistor, tmp_path: Path) -> None:
     trained = {name: t + 1 for name, t in Net().state_dict().items()}
     path = persistor.save_model(FLModel(params=trained))

@@ -264,6 +264,46 @@ def test_a_lost_rounds_aggregation_client_has_the_round_played_again_by_the_prev
     assert any("site-1 sent round 2's model again, to another aggregation client" in note for note in notes), notes
 
 
+def test_a_lost_starting_client_has_the_first_aggregation_client_left_play_round_1_once_every_client_left_knows(
+    start,
+) -> None:
+    """site-1 started the swarm and aggregates round 1, and is lost. site-2, the first aggregation
+    client left, is told to send round 1's model again (it reads the starting checkpoint), but only
+    once site-2 and site-3 answered that site-1 is lost: a client takes round 1's model from another
+    than the starting client only then."""
+    clients, thread, report, keep_reporting = swarm_to_follow(start)
+    queue = clients.queue
+    training = {"site-2": "training", "site-3": "training"}
+    report(0, "site-1", **{"site-1": "aggregating"}, **training)
+    clients.dead.add("site-1")
+    held: list = []  # site-3's lost notices, not answered yet
+    replay = None
+    deadline = time.monotonic() + 8
+    while replay is None and len(held) < 2 and time.monotonic() < deadline:
+        report(0, "site-1", **training)
+        replay = next_task_but_lost(queue, "site-2")
+        if (notice := queue.next_task("site-3")) is not None:
+            assert (notice.task_name, notice.data["lost"]) == ("swarm_lost", ["site-1"])
+            held.append(notice)
+        time.sleep(0.05)
+    assert replay is None and len(held) == 2  # told when judged, then told again for the replay
+    keep_reporting(1.0, 0, "site-1", **training)
+    assert next_task_but_lost(queue, "site-2") is None  # site-3 has not answered yet
+    for notice in held:
+        queue.submit("site-3", notice.task_id, make_reply(ReturnCode.OK))
+    deadline = time.monotonic() + 3
+    while (replay := next_task_but_lost(queue, "site-2")) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert replay is not None and replay.task_name == "swarm_replay"
+    assert (replay.data["round"], replay.data["exclude"]) == (0, ["site-1"])
+    queue.submit("site-2", replay.task_id, make_reply(ReturnCode.OK))
+    keep_reporting(0.5, 0, "site-2", **training)
+    clients.status("site-2", round=3, aggr="site-2", phase="done", progress=20, all_done=True)
+    assert finish(thread) == []
+    notes = [fields["message"] for event, fields in clients.events if event == "workflow_note"]
+    assert any("site-2 sent round 1's model again, to another aggregation client" in note for note in notes), notes
+
+
 def test_an_aggregation_client_lost_with_the_next_rounds_model_has_its_finished_round_played_again(start) -> None:
     """site-2 reported round 2 done and was lost before round 3's model reached anyone (every other
     client still reports round 2): site-1, round 1's aggregation client, is told to send round 2's
