@@ -96,7 +96,8 @@ class GiveUp:
 
     def round(self, current_round: int, aggr: str, sender: str, cause: BaseException | None = None) -> bool:
         """Give round ``current_round`` (aggregated by ``aggr``, its model from ``sender``) up; False
-        when this client took a later round (it goes on with that one) or the final model already.
+        when this client took a later round (it goes on with that one), the final model, or the
+        round's model sent again (it takes that one instead) already.
 
         Raises:
             RuntimeError: The round cannot be given up (`SwarmRoles.untake`), and no later round
@@ -107,11 +108,11 @@ class GiveUp:
         with self._lock:
             self.given_up = (current_round, aggr)  # first: what shows the swarm going on is not missed
             self._dropping = set()
-        if self.roles.untake(current_round):
+        if self.roles.untake(current_round, aggr):
             return True
         self.taken()
-        if self._went_on(current_round):  # the next round, or the final model, came meanwhile
-            return False
+        if self._went_on(current_round) or self.roles.aggr_of(current_round) not in (aggr, None):
+            return False  # the next round, the final model, or this round played again came meanwhile
         raise RuntimeError(
             f"round {shown_round(current_round)}'s model could not be received: its sender {sender} was lost, and "
             f"{self.site} cannot go back to the round before to have it played again"

@@ -252,23 +252,27 @@ class SwarmRoles:
         self._given_up = None
         self._dropped = (None, "")
 
-    def untake(self, current_round: int) -> bool:
-        """Forget round ``current_round``'s model, taken last but never received whole (its sender was
-        lost as it was pulled): this client is back at the round before, which may be played again.
+    def untake(self, current_round: int, aggr: str | None = None) -> bool:
+        """Forget round ``current_round``'s model (aggregated by ``aggr``), taken last but never
+        received whole (its sender was lost as it was pulled): this client is back at the round
+        before, which may be played again; before the first round, it has taken none.
 
         When another client received that model whole, the swarm goes on with the round instead,
         without this client: the next round's model is then taken from the round's aggregation
         client (or, after the last round, the final model), and this client has missed one round.
 
         Returns:
-            False (nothing changed) when round ``current_round`` is not the last one taken, or the
-            round just before it was not the one taken before it (a client that does not train
-            takes only the rounds it aggregates; a round given up already is not there either),
-            or the final model was taken meanwhile (the swarm finished without this client's pull).
+            False (nothing changed) when round ``current_round`` is not the last one taken (or is
+            played again meanwhile, with another aggregation client than ``aggr``), or the round
+            just before it was not the one taken before it (a client that does not train takes
+            only the rounds it aggregates; a round given up already is not there either), or the
+            final model was taken meanwhile (the swarm finished without this client's pull).
         """
         with self._lock:
-            if self._last_round != current_round or self._before[0] != current_round - 1 or self._final_taken:
+            if self._last_round != current_round or not self._can_go_back(current_round) or self._final_taken:
                 return False  # not the last round taken, or the round before it was not taken (or given up)
+            if aggr is not None and self._last_aggr != aggr:
+                return False  # played again meanwhile: that model comes whole or is given up in turn
             # Its own round given up, it cannot have gone on without this client.
             self._given_up = (current_round, self._last_aggr) if self._last_aggr != self.site else None
             self._back_to_before()
@@ -309,6 +313,14 @@ class SwarmRoles:
         """Whether round ``current_round`` was dropped already at ``sender``'s word (lock held)."""
         return self._dropped[0] == current_round and owner_among(sender, [self._dropped[1]]) is not None
 
+    def _can_go_back(self, current_round: int) -> bool:
+        """Whether this client can be back where it was before it took round ``current_round``, its
+        last (lock held): at the round just before, taken before it, or, for the first round, at
+        none (the first round's model is the starting checkpoint, which can be sent again)."""
+        if current_round == self.start_round:
+            return self._before[0] is None
+        return self._before[0] == current_round - 1
+
     def _back_to_before(self) -> None:
         """Make the round taken before the last one the last again (lock held): `untake`, `drop_refusal`."""
         self._last_round, self._last_aggr, self._last_sender, self._replays = self._before
@@ -324,7 +336,7 @@ class SwarmRoles:
             return f"{self.site} is not at round {shown}"
         if owner_among(sender, [self._last_aggr]) is None:
             return f"{sender} may not drop round {shown}: it is not its aggregation client ({self._last_aggr})"
-        if self._before[0] != current_round - 1 or self._final_taken:
+        if not self._can_go_back(current_round) or self._final_taken:
             return f"{self.site} cannot go back to the round before round {shown}"
         return None
 

@@ -109,6 +109,7 @@ class SwarmServerController(ServerSideController):
         gone: set[str],
     ) -> str | None:
         """A round's aggregation client holds the round: lost before the swarm moved past it, it cannot go on.
+        So does the starting client before any other client took the first round's model whole.
 
         Which client aggregates the round is what the other clients' reports of it say (the
         round's model names it; it is not always the one whose turn it was: one that did not
@@ -117,6 +118,8 @@ class SwarmServerController(ServerSideController):
         round done, while no client reports a later round, it held the next round's model (or the
         final model, not yet with every result client) and nobody else has it.
         """
+        if site == self.starter and latest_round < self.start_round:
+            return f"it started the swarm, and no other client holds round {shown_round(self.start_round)}'s model"
         shown = shown_round(latest_round)
         sender, replaced = self._replaying.get(latest_round, ("", ""))
         if sender == site:
@@ -200,6 +203,7 @@ class SwarmServerController(ServerSideController):
         """
         if self._replays >= MAX_ROUND_REPLAYS:
             raise WorkflowError(f"{self._replays} rounds were played again already (at most {MAX_ROUND_REPLAYS})")
+        latest_round = max(latest_round, self.start_round)  # no client took the first round's model whole
         if self._is_last(latest_round):
             holders, missing = self._final_holders(reports, site, [other for other in reports if other not in lost])
             if holders:

@@ -36,21 +36,36 @@ def give_up(num_rounds: int = 5) -> tuple[GiveUp, list[str]]:
 
 def test_a_round_given_up_goes_back_to_the_round_before_once() -> None:
     tracker, _ = give_up()
+    assert tracker.roles.learn_refusal("site-2", {"round": 2, "aggr": "site-1"}) is None
 
-    assert tracker.round(1, "site-2", "site-1") is True
-    assert tracker.given_up == (1, "site-2") and tracker.roles.latest == (0, "site-1")
-    with pytest.raises(RuntimeError, match="round 1's model could not be received: its sender site-1 was lost"):
-        tracker.round(0, "site-1", "site-1")  # no second step back
+    assert tracker.round(2, "site-1", "site-2") is True
+    assert tracker.given_up == (2, "site-1") and tracker.roles.latest == (1, "site-2")
+    with pytest.raises(RuntimeError, match="round 2's model could not be received: its sender site-1 was lost"):
+        tracker.round(1, "site-2", "site-1")  # no second step back
     assert tracker.given_up is None
+
+
+def test_the_first_round_given_up_goes_back_to_no_round_unless_it_was_played_again_meanwhile() -> None:
+    tracker, _ = give_up()
+    assert tracker.round(1, "site-2", "site-1") is True  # back at round 1
+    assert tracker.round(0, "site-1", "site-1") is True  # its model sent again, lost too: back to none
+    assert tracker.roles.latest == (-1, "") and tracker.given_up == (0, "site-1")
+
+    tracker, _ = give_up(num_rounds=5)
+    assert tracker.round(1, "site-2", "site-1") is True
+    tracker.roles.lose(["site-1"])  # the starting client: site-2 sends round 1 again, taken as it is pulled
+    assert tracker.roles.learn_refusal("site-2", {"round": 0, "aggr": "site-2", REPLAY_KEY: ["site-1"]}) is None
+    assert tracker.round(0, "site-1", "site-1") is False  # the pull of the first sending failed: the new one counts
+    assert tracker.roles.latest == (0, "site-2") and tracker.given_up is None
 
 
 def test_a_round_whose_next_one_comes_as_it_is_given_up_is_not_given_up() -> None:
     tracker, _ = give_up()
     untake = tracker.roles.untake
 
-    def untake_once_the_next_round_came(current_round: int) -> bool:  # the learner's race with a handler
+    def untake_once_the_next_round_came(current_round: int, aggr: str | None = None) -> bool:  # a handler's race
         assert tracker.roles.learn_refusal("site-2", {"round": 2, "aggr": "site-3"}) is None
-        return untake(current_round)
+        return untake(current_round, aggr)
 
     tracker.roles.untake = untake_once_the_next_round_came  # type: ignore[method-assign]
     assert tracker.round(1, "site-2", "site-1") is False

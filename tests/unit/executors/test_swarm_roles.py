@@ -300,13 +300,34 @@ def test_a_round_is_given_up_only_back_to_a_round_taken_before_it_and_once() -> 
     three = ["site-1", "site-2", "site-3"]
     client = roles("site-3", train_clients=three, aggr_clients=three)
     assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-2"}) is None
-    assert client.untake(0) is False  # the first round: nothing before it to play again
-
     assert client.learn_refusal("site-2", {"round": 1, "aggr": "site-3"}) is None
-    assert client.untake(1) is True
-    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-3", REPLAY_KEY: ["site-2"]}) is None
-    assert client.untake(0) is False  # given up once: no second step back
-    assert client.latest == (0, "site-3")
+    assert client.learn_refusal("site-3", {"round": 2, "aggr": "site-1"}) is None
+
+    assert client.untake(1) is False  # not the last round taken
+    assert client.untake(2, "site-2") is False  # round 3 is aggregated by site-1: not the model given up
+    assert client.untake(2, "site-1") is True
+    assert client.learn_refusal("site-2", {"round": 1, "aggr": "site-1", REPLAY_KEY: ["site-3"]}) is None
+    assert client.untake(1) is False  # given up once: no second step back
+    assert client.latest == (1, "site-1")
+
+
+def test_the_first_round_is_given_up_back_to_no_round_and_taken_again_when_played_again() -> None:
+    three = ["site-1", "site-2", "site-3"]
+    client = roles("site-3", train_clients=three, aggr_clients=three)
+    assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-2"}) is None
+
+    assert client.untake(0) is True  # the starting checkpoint can be sent again
+    assert client.latest == (-1, "") and client.sender_of(0) is None
+    assert client.untake(0) is False  # nothing taken any more
+    # The swarm went on with round 1 (site-2 had it whole): round 2 comes from its aggregation client.
+    assert client.learn_refusal("site-2", {"round": 1, "aggr": "site-3"}) is None
+    assert client.latest == (1, "site-3")
+
+    played_again = roles("site-3", train_clients=three, aggr_clients=three)
+    assert played_again.learn_refusal("site-1", {"round": 0, "aggr": "site-2"}) is None
+    assert played_again.untake(0) is True
+    assert played_again.learn_refusal("site-1", {"round": 0, "aggr": "site-3", REPLAY_KEY: ["site-2"]}) is None
+    assert played_again.latest == (0, "site-3")
 
 
 def test_a_client_that_does_not_train_gives_no_round_up_past_the_ones_it_skipped() -> None:
@@ -442,7 +463,6 @@ def test_a_trainer_drops_a_round_only_at_its_aggregation_clients_word_once_its_s
     assert client.drop_refusal("site-1", 1) is None  # said again (its answer was lost): done already
     assert client.drop_blocked("site-3", 1) == "site-3 is not at round 2"
     assert client.latest == (0, "site-2")
-    assert client.untake(0) is False  # nothing further back
     # Not a round given up: round 3's model from site-1 (round 2's aggregation client, which made none) is refused.
     assert "round 3 is ahead" in (client.learn_refusal("site-1", {"round": 2, "aggr": "site-3"}) or "")
     # Round 1 played again by its first sender, without site-2.
@@ -451,10 +471,16 @@ def test_a_trainer_drops_a_round_only_at_its_aggregation_clients_word_once_its_s
 
 
 def test_a_round_is_not_dropped_once_the_final_model_was_taken_or_without_a_round_before() -> None:
-    first = roles("site-2")
+    aggregator = roles("site-3", aggr_clients=["site-1", "site-3"], num_rounds=5)  # site-3 does not train
+    assert aggregator.learn_refusal("site-1", {"round": 1, "aggr": "site-3"}) is None
+    aggregator.lose(["site-1"])
+    assert aggregator.drop_refusal("site-3", 1) == "site-3 cannot go back to the round before round 2"
+
+    first = roles("site-2")  # the first round: back to no round (its model is the starting checkpoint)
     assert first.learn_refusal("site-1", {"round": 0, "aggr": "site-2"}) is None
     first.lose(["site-1"])
-    assert first.drop_refusal("site-2", 0) == "site-2 cannot go back to the round before round 1"
+    assert first.drop_refusal("site-2", 0) is None
+    assert first.latest == (-1, "")
 
     three = ["site-1", "site-2", "site-3"]
     last = roles("site-3", num_rounds=2, train_clients=three, aggr_clients=three, result_clients=three)

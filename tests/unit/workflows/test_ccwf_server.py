@@ -304,6 +304,26 @@ def test_a_lost_starting_client_has_the_first_aggregation_client_left_play_round
     assert any("site-2 sent round 1's model again, to another aggregation client" in note for note in notes), notes
 
 
+def test_a_starting_client_lost_before_any_client_took_round_1_whole_has_it_played_again(start) -> None:
+    """site-1 started the swarm and died sending round 1's model: site-2 and site-3 gave it up (they
+    report no round). site-2 is told to send round 1's model again without site-1."""
+    clients, thread, report, keep_reporting = swarm_to_follow(start)
+    report(0, "site-1", **{"site-1": "aggregating"})
+    clients.dead.add("site-1")
+    deadline = time.monotonic() + 8
+    while (replay := next_task_but_lost(clients.queue, "site-2")) is None and time.monotonic() < deadline:
+        report(-1, "", **{"site-2": "idle", "site-3": "idle"})
+        next_task_but_lost(clients.queue, "site-3")
+        time.sleep(0.05)
+    assert replay is not None and replay.task_name == "swarm_replay", thread.errors  # type: ignore[attr-defined]
+    assert (replay.data["round"], replay.data["exclude"]) == (0, ["site-1"])
+    clients.queue.submit("site-2", replay.task_id, make_reply(ReturnCode.OK))
+    clients.status("site-2", round=3, aggr="site-2", phase="done", progress=20, all_done=True)
+    assert finish(thread) == []
+    notes = [fields["message"] for event, fields in clients.events if event == "workflow_note"]
+    assert any("it started the swarm, and no other client holds round 1's model" in note for note in notes), notes
+
+
 def test_an_aggregation_client_lost_with_the_next_rounds_model_has_its_finished_round_played_again(start) -> None:
     """site-2 reported round 2 done and was lost before round 3's model reached anyone (every other
     client still reports round 2): site-1, round 1's aggregation client, is told to send round 2's
