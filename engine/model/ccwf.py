@@ -22,9 +22,12 @@ START_TASK = "start"
 #: Swarm: play the round again with another aggregation client (its data: `REPLAY_ROUND_KEY`, `REPLAY_EXCLUDE_KEY`).
 REPLAY_TASK = "replay"
 REPLAY_ROUND_KEY, REPLAY_EXCLUDE_KEY = "round", "exclude"
-#: Swarm: the server lost these clients for good (its data: `LOST_KEY`, every client lost so far).
+#: Swarm: the server lost these clients for good (its data: `LOST_KEY`, every client lost so far;
+#: with `STARTS_AGAIN_KEY`, the aggregation client that sends the first round's model in place of
+#: the lost starting client).
 LOST_TASK = "lost"
 LOST_KEY = "lost"
+STARTS_AGAIN_KEY = "starts_again"
 EVAL_TASK = "eval"
 
 #: Keys of the config a server side sends with its ``<prefix>_config`` task.

@@ -51,6 +51,7 @@ from engine.model.ccwf import (
     REPLAY_EXCLUDE_KEY,
     REPLAY_ROUND_KEY,
     REPLAY_TASK,
+    STARTS_AGAIN_KEY,
 )
 from engine.model.payload import limits_after, payload_bytes
 from engine.model.quantize import quantized_copy
@@ -288,7 +289,7 @@ class SwarmClientController(ClientSideController):
         the server lost, in the background (each peer may take its time to answer).
         """
         if name == LOST_TASK:
-            return self._lose(shareable.get(LOST_KEY))
+            return self._lose(shareable.get(LOST_KEY), shareable.get(STARTS_AGAIN_KEY))
         if name != REPLAY_TASK:
             return super().handle_task(name, shareable, abort_signal)
         current_round, excluded = shareable.get(REPLAY_ROUND_KEY), shareable.get(REPLAY_EXCLUDE_KEY)
@@ -322,15 +323,19 @@ class SwarmClientController(ClientSideController):
             return self.persistor.load_starting_model()
         return self.persistor.load_saved_model()
 
-    def _lose(self, sites: Any) -> Shareable:
+    def _lose(self, sites: Any, starts_again: Any = None) -> Shareable:
         """The swarm goes on without ``sites``: no round's model goes to them, no round waits for
         their results (a round open now closes once the others answered), and nothing they send
-        is taken."""
+        is taken. ``starts_again``: the aggregation client the server chose to send the first
+        round's model in place of the starting client (`SwarmRoles.starts_again_from`)."""
         new = self.roles.lose(sites)
         if new:
             log.warning("the server lost %s: the swarm goes on without them", ", ".join(new))
             self._intake.lose(new)
             self._give_up.senders_lost(new)
+        if starts_again is not None:
+            self.roles.starts_again_from(starts_again)
+            log.warning("round %s's model comes again from %s", shown_round(self.roles.start_round), starts_again)
         return Shareable()
 
     def finalize(self) -> None:

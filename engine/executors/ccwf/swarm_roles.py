@@ -6,7 +6,7 @@ A Swarm client therefore takes a round's model, a result or the final model only
 sites the server's config names for that role, and only for the round it expects:
 
 - the first round's model from the ``starting_client`` (played again once the server lost it, from
-  an aggregation client left); a later round's from an aggregation client, namely the one that
+  the aggregation client the server names); a later round's from an aggregation client, namely the one that
   aggregated the previous round when this client took part in it;
 - rounds in order: never one it already took, never one outside the job's rounds, and a
   trainer (which takes every round) only the one after its last, save the one after a round it
@@ -87,6 +87,9 @@ class SwarmRoles:
     _dropped: tuple[int | None, str] = dataclasses.field(default=(None, ""), init=False)
     _final_taken: bool = dataclasses.field(default=False, init=False)
     _lost: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
+    #: The aggregation client the server chose to send the first round's model again in place of
+    #: the lost starting client (`starts_again_from`)
+    _first_round_sender: str = dataclasses.field(default="", init=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
 
     @classmethod
@@ -150,9 +153,27 @@ class SwarmRoles:
         return new
 
     def in_swarm(self, sites: Sequence[str]) -> list[str]:
-        """``sites`` that have a role in the swarm (the server's participants may include others)."""
-        known = {*self.train_clients, *self.aggr_clients, *self.result_clients}
+        """``sites`` that have a role in the swarm, the starting client's included (the server's
+        participants may include others)."""
+        known = self._known
         return [site for site in sites if site in known]
+
+    @property
+    def _known(self) -> set[str]:
+        """Every client with a role in the swarm."""
+        return {*self.train_clients, *self.aggr_clients, *self.result_clients, self.starting_client} - {""}
+
+    def starts_again_from(self, site: Any) -> None:
+        """The server's word: ``site``, an aggregation client, sends the first round's model in
+        place of the starting client, which the server lost (`_starts_again`).
+
+        Raises:
+            ValueError: ``site`` is not one of aggr_clients (the task fails).
+        """
+        if not isinstance(site, str) or site not in self.aggr_clients:
+            raise ValueError(f"the first round's model cannot come again from {site!r}: not one of aggr_clients"[:300])
+        with self._lock:
+            self._first_round_sender = site
 
     @property
     def final_taken(self) -> bool:
@@ -192,7 +213,7 @@ class SwarmRoles:
         if why:
             return why
         lost = header.get(REPLAY_KEY, [])
-        known = {*self.train_clients, *self.aggr_clients, *self.result_clients}
+        known = self._known
         if not isinstance(lost, list) or not all(isinstance(site, str) and site in known for site in lost):
             return f"round {shown_round(current_round)}'s model names lost clients that are not in the swarm: {lost!r}"
         aggr = header.get(AGGR_KEY)
@@ -421,12 +442,13 @@ class SwarmRoles:
 
     def _starts_again(self, sender: str, current_round: int) -> bool:
         """Whether ``sender`` may send the first round's model again in place of the starting client
-        (lock held): the server lost the starting client, and chose an aggregation client left to
-        send the starting model again (`ModelPersistor.load_starting_model`)."""
+        (lock held): the server lost the starting client, and told this client that ``sender``
+        sends the starting model again (`starts_again_from`, `ModelPersistor.load_starting_model`)."""
         return (
             current_round == self.start_round
             and self.starting_client in self._lost
-            and owner_among(sender, self.aggr_clients) is not None
+            and bool(self._first_round_sender)
+            and owner_among(sender, [self._first_round_sender]) is not None
             and owner_among(sender, sorted(self._lost)) is None
         )
 

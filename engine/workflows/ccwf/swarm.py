@@ -15,6 +15,7 @@ from engine.model.ccwf import (
     REPLAY_EXCLUDE_KEY,
     REPLAY_ROUND_KEY,
     REPLAY_TASK,
+    STARTS_AGAIN_KEY,
     WorkflowStatus,
 )
 from engine.workflows.ccwf.server_side import ServerSideController, clients_among, failed_clients
@@ -109,7 +110,8 @@ class SwarmServerController(ServerSideController):
         gone: set[str],
     ) -> str | None:
         """A round's aggregation client holds the round: lost before the swarm moved past it, it cannot go on.
-        So does the starting client before any other client took the first round's model whole.
+        So does the starting client (or the client that sends the first round's model again) while
+        no other client reports having that model (none took it, or all gave it up).
 
         Which client aggregates the round is what the other clients' reports of it say (the
         round's model names it; it is not always the one whose turn it was: one that did not
@@ -118,8 +120,13 @@ class SwarmServerController(ServerSideController):
         round done, while no client reports a later round, it held the next round's model (or the
         final model, not yet with every result client) and nobody else has it.
         """
-        if site == self.starter and latest_round < self.start_round:
-            return f"it started the swarm, and no other client holds round {shown_round(self.start_round)}'s model"
+        if latest_round < self.start_round:  # no other client has the first round's model
+            first = shown_round(self.start_round)
+            if site == self.starter:
+                return f"it started the swarm, and no other client has round {first}'s model"
+            if site == self._replaying.get(self.start_round, ("", ""))[0]:
+                return f"it was sending round {first}'s model again, and no other client has it"
+            return None
         shown = shown_round(latest_round)
         sender, replaced = self._replaying.get(latest_round, ("", ""))
         if sender == site:
@@ -231,19 +238,25 @@ class SwarmServerController(ServerSideController):
 
     def _starting_sender(self, aggrs: list[str], reports: Mapping[str, WorkflowStatus], lost: set[str]) -> str:
         """Who sends the first round's model again: the starting client, else (lost) the first
-        aggregation client left, once every client left heard of the loss ("" when none is left)."""
+        aggregation client left, once the clients left were told ("" when none is left).
+
+        A client takes the first round's model from another than the starting client only from
+        the one the server names, and only once told that the server lost the starting client
+        (`SwarmRoles.starts_again_from`): the clients left (dead ones are not waited for) are
+        told first, each given `max_status_report_interval` seconds to answer.
+        """
         if self.starter not in lost:
             return self.starter
-        left = [site for site in reports if site not in lost]
+        dead = self.context.dead()
+        left = [site for site in reports if site not in lost and site not in dead]
         sender = next((site for site in aggrs if site in left), "")
         if sender:
-            # A client takes the first round's model from another than the starting client only
-            # once it knows the server lost that one (`SwarmRoles._starts_again`): tell them first.
-            task = Task(self.task_name(LOST_TASK), Shareable({LOST_KEY: sorted(lost)}), timeout=self.start_task_timeout)
+            data = Shareable({LOST_KEY: sorted(lost), STARTS_AGAIN_KEY: sender})
+            task = Task(self.task_name(LOST_TASK), data, timeout=self.max_status_report_interval)
             self.broadcast_and_wait(task, left, min_responses=0, abort_signal=self.abort_signal)
             unaware = failed_clients(task, left)
             if unaware:
-                log.warning("not told the starting client is lost: %s", unaware)
+                log.warning("not told who sends round %s's model again: %s", shown_round(self.start_round), unaware)
         return sender
 
     def clients_lost(self, lost: list[str], participants: list[str]) -> None:

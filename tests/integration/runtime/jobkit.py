@@ -138,8 +138,8 @@ def make_swarm_job(
         f"  model {{ path = benchnet_model.BenchNet, args {{ layers = {layers}, width = {width} }} }}\n"
         + (f"  source_ckpt_file_full_name = {json.dumps(starting_checkpoint)}\n" if starting_checkpoint else "")
         + "  } }\n"
-        f"  {{ id = aggregator, path = engine.aggregators.DXOAggregator, args {{ expected_data_kind = WEIGHTS }} }}\n"
-        f"  {{ id = shareable_generator, path = engine.workflows.FullModelShareableGenerator }} ]\n"
+        "  { id = aggregator, path = engine.aggregators.DXOAggregator, args { expected_data_kind = WEIGHTS } }\n"
+        "  { id = shareable_generator, path = engine.workflows.FullModelShareableGenerator } ]\n"
     )
     return job
 

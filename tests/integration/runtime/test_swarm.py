@@ -214,19 +214,29 @@ def test_a_starting_client_lost_in_the_first_round_costs_the_round_which_another
 
 
 @pytest.mark.slow  # end to end; CI runs it with -m slow (the give-up: test_swarm_give_up.py)
+@pytest.mark.parametrize(
+    ("aggr_clients", "second"),
+    [(None, "site-2"), (["site-2", "site-1", "site-3"], "site-3")],
+    ids=["it aggregates round 1", "site-2 aggregates round 1"],
+)
 def test_a_starting_client_dying_as_round_1s_model_is_pulled_costs_the_round_which_another_plays_from_the_checkpoint(
-    simulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    simulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aggr_clients: list[str] | None, second: str
 ) -> None:
-    """site-1 starts the swarm from a starting checkpoint, aggregates round 1, and dies while site-2
-    and site-3 pull round 1's model from it (16 MiB in 16 KiB chunks: its 500th chunk served is one
-    of those): they give round 1 up, back at no round, and site-2 sends the checkpoint as round 1's
-    model again; the job completes with the checkpoint's weights moved by the rounds that counted."""
+    """site-1 starts the swarm from a starting checkpoint and dies while site-2 and site-3 pull round
+    1's model from it (16 MiB in 16 KiB chunks: its 500th chunk served is one of those). When site-1
+    aggregates round 1, its loss is fatal at once; when site-2 does, once site-2 and site-3 gave
+    round 1 up (back at no round). Either way the server names site-2, which sends the checkpoint
+    as round 1's model again, and the job completes with the checkpoint's weights moved by the
+    rounds that counted."""
     monkeypatch.setenv(FAULT_POINT_ENV, "site-1/chunk_served@500")
     workspace = tmp_path / "workspace"
+    swarm_args: dict[str, Any] = {"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90}
+    if aggr_clients is not None:
+        swarm_args["aggr_clients"] = aggr_clients
     job = make_swarm_job(
         tmp_path,
         num_rounds=2,
-        swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
+        swarm_args=swarm_args,
         controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 30},
         starting_checkpoint="starting.safetensors",
         **BIG,
@@ -239,11 +249,12 @@ def test_a_starting_client_dying_as_round_1s_model_is_pulled_costs_the_round_whi
     assert result.state is JobState.FINISHED_COMPLETED, output
     assert "site-2 sent round 1's model again, to another aggregation client" in output
     for site in ("site-2", "site-3"):
-        assert "round 1's model not received" in (workspace / site / "log.txt").read_text()
+        log_text = (workspace / site / "log.txt").read_text()
+        assert "round 1's model not received" in log_text and "round 1's model comes again from site-2" in log_text
     rounds = read_json(workspace / "summary.json")["rounds"]
     assert [(entry["round"], entry["aggregator"], entry["clients"]) for entry in rounds] == [
         (1, "site-2", ["site-2", "site-3"]),
-        (2, "site-2", ["site-2", "site-3"]),
+        (2, second, ["site-2", "site-3"]),
     ]
     assert_rounds_that_counted(workspace, ("site-2", "site-3"), start, rounds, 3)
 

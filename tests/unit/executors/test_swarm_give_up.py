@@ -48,12 +48,16 @@ def test_a_round_given_up_goes_back_to_the_round_before_once() -> None:
 def test_the_first_round_given_up_goes_back_to_no_round_unless_it_was_played_again_meanwhile() -> None:
     tracker, _ = give_up()
     assert tracker.round(1, "site-2", "site-1") is True  # back at round 1
-    assert tracker.round(0, "site-1", "site-1") is True  # its model sent again, lost too: back to none
-    assert tracker.roles.latest == (-1, "") and tracker.given_up == (0, "site-1")
+    # Round 1 played again by site-1 (site-2 was lost), and site-1 lost as it is pulled: back to
+    # no round, a second step back that only the first round allows.
+    assert tracker.roles.learn_refusal("site-1", {"round": 0, "aggr": "site-3", REPLAY_KEY: ["site-2"]}) is None
+    assert tracker.round(0, "site-3", "site-1") is True
+    assert tracker.roles.latest == (-1, "") and tracker.given_up == (0, "site-3")
 
     tracker, _ = give_up(num_rounds=5)
     assert tracker.round(1, "site-2", "site-1") is True
     tracker.roles.lose(["site-1"])  # the starting client: site-2 sends round 1 again, taken as it is pulled
+    tracker.roles.starts_again_from("site-2")
     assert tracker.roles.learn_refusal("site-2", {"round": 0, "aggr": "site-2", REPLAY_KEY: ["site-1"]}) is None
     assert tracker.round(0, "site-1", "site-1") is False  # the pull of the first sending failed: the new one counts
     assert tracker.roles.latest == (0, "site-2") and tracker.given_up is None

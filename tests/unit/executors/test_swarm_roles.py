@@ -105,36 +105,54 @@ def test_a_round_played_again_comes_only_from_its_first_sender_naming_another_ag
     assert client.learn_refusal("site-3", {"round": 2, "aggr": "site-1"}) is None
 
 
-def test_the_first_round_played_again_comes_from_an_aggregation_client_left_once_the_starting_client_is_lost() -> None:
-    client = roles("site-3", train_clients=["site-1", "site-2", "site-3"], aggr_clients=["site-1", "site-2"])
+def test_the_first_round_played_again_comes_only_from_the_aggregation_client_the_server_names() -> None:
+    four = ["site-1", "site-2", "site-3", "site-4"]
+    client = roles("site-4", train_clients=four, aggr_clients=["site-1", "site-2", "site-3"])
     assert client.learn_refusal("site-1", {"round": 0, "aggr": "site-1"}) is None
     again = {"round": 0, "aggr": "site-2", REPLAY_KEY: ["site-1"]}
 
-    # Not before the server lost the starting client, and only from an aggregation client left.
+    # Not before the server lost the starting client and named who sends it in its place.
     assert "site-2 may not send round 1's model again: site-1 sent it" in client.learn_refusal("site-2", again)
     client.lose(["site-1"])
-    assert "site-3 may not send round 1's model again" in client.learn_refusal("site-3", again)  # not an aggregator
-    assert "site-1 may not send round 1's model" in client.learn_refusal("site-1", {**again, "aggr": "site-2"})
+    assert "site-2 may not send round 1's model again: site-1 sent it" in client.learn_refusal("site-2", again)
+    client.starts_again_from("site-2")
+    for aggr in ("site-2", "site-3"):  # another aggregation client left, not the one named
+        assert "site-3 may not send round 1's model again" in client.learn_refusal("site-3", {**again, "aggr": aggr})
+    assert "site-1 may not send round 1's model" in client.learn_refusal("site-1", {**again, "aggr": "site-3"})
     assert "round 1 is past" in client.learn_refusal("site-2", {"round": 0, "aggr": "site-2"})  # not marked again
     assert client.learn_refusal("site-2.child", again) is None
     assert (client.last_round, client.latest, client.sender_of(0)) == (0, (0, "site-2"), "site-2")
     assert client.learn_refusal("site-2", {"round": 1, "aggr": "site-2"}) is None  # round 2, from round 1's aggr
+    with pytest.raises(ValueError, match="cannot come again from 'site-4': not one of aggr_clients"):
+        client.starts_again_from("site-4")
 
 
-def test_the_first_round_played_again_is_taken_fresh_from_an_aggregation_client_left_by_a_client_that_missed_it() -> (
-    None
-):
+def test_the_first_round_played_again_is_taken_fresh_by_a_client_that_gave_it_up_or_missed_it() -> None:
     client = roles("site-3", train_clients=["site-1", "site-2", "site-3"], aggr_clients=["site-1", "site-2"])
     again = {"round": 0, "aggr": "site-2", REPLAY_KEY: ["site-1"]}
     assert "it is not the starting_client (site-1)" in client.learn_refusal("site-2", again)
-    client.lose(["site-1", "site-2"])
-    assert "site-2 may not send round 1's model" in client.learn_refusal("site-2", again)  # lost itself
-    fresh = roles("site-3", train_clients=["site-1", "site-2", "site-3"], aggr_clients=["site-1", "site-2"])
-    fresh.lose(["site-1"])
-    not_again = {"round": 0, "aggr": "site-2"}
-    assert "it is not the starting_client (site-1)" in fresh.learn_refusal("site-2", not_again)  # not marked
-    assert fresh.learn_refusal("site-2", again) is None
-    assert fresh.sender_of(0) == "site-2"
+    client.lose(["site-1"])
+    client.starts_again_from("site-2")
+    assert "it is not the starting_client (site-1)" in client.learn_refusal("site-2", {"round": 0, "aggr": "site-2"})
+    assert client.learn_refusal("site-2", again) is None  # marked as sent again
+    assert client.sender_of(0) == "site-2"
+
+    lost_too = roles("site-3", train_clients=["site-1", "site-2", "site-3"], aggr_clients=["site-1", "site-2"])
+    lost_too.lose(["site-1"])
+    lost_too.starts_again_from("site-2")
+    lost_too.lose(["site-2"])  # lost in turn
+    assert "site-2 may not send round 1's model" in lost_too.learn_refusal("site-2", again)
+
+
+def test_a_starting_client_without_another_role_counts_in_the_swarm() -> None:
+    client = roles("site-3", train_clients=["site-2", "site-3"], aggr_clients=["site-2"], starting_client="site-1")
+    assert client.in_swarm(["site-1", "site-9"]) == ["site-1"]
+
+    # It died as round 1's model was pulled from it; this client gave the round up (took none).
+    assert client.lose(["site-1"]) == ["site-1"]  # nothing from it any more; the named one sends round 1
+    client.starts_again_from("site-2")
+    assert "the server lost it" in client.learn_refusal("site-1", {"round": 0, "aggr": "site-2", REPLAY_KEY: []})
+    assert client.learn_refusal("site-2", {"round": 0, "aggr": "site-2", REPLAY_KEY: ["site-1"]}) is None
 
 
 def test_a_client_that_only_aggregates_takes_only_its_own_rounds_from_an_aggregation_client() -> None:

@@ -286,7 +286,8 @@ def test_a_lost_starting_client_has_the_first_aggregation_client_left_play_round
             assert (notice.task_name, notice.data["lost"]) == ("swarm_lost", ["site-1"])
             held.append(notice)
         time.sleep(0.05)
-    assert replay is None and len(held) == 2  # told when judged, then told again for the replay
+    assert replay is None and len(held) == 2  # told when judged, then who sends round 1 again
+    assert "starts_again" not in held[0].data and held[1].data["starts_again"] == "site-2"
     keep_reporting(1.0, 0, "site-1", **training)
     assert next_task_but_lost(queue, "site-2") is None  # site-3 has not answered yet
     for notice in held:
@@ -304,7 +305,7 @@ def test_a_lost_starting_client_has_the_first_aggregation_client_left_play_round
     assert any("site-2 sent round 1's model again, to another aggregation client" in note for note in notes), notes
 
 
-def test_a_starting_client_lost_before_any_client_took_round_1_whole_has_it_played_again(start) -> None:
+def test_a_starting_client_lost_before_any_client_took_round_1_has_it_played_again(start) -> None:
     """site-1 started the swarm and died sending round 1's model: site-2 and site-3 gave it up (they
     report no round). site-2 is told to send round 1's model again without site-1."""
     clients, thread, report, keep_reporting = swarm_to_follow(start)
@@ -321,7 +322,65 @@ def test_a_starting_client_lost_before_any_client_took_round_1_whole_has_it_play
     clients.status("site-2", round=3, aggr="site-2", phase="done", progress=20, all_done=True)
     assert finish(thread) == []
     notes = [fields["message"] for event, fields in clients.events if event == "workflow_note"]
-    assert any("it started the swarm, and no other client holds round 1's model" in note for note in notes), notes
+    assert any("it started the swarm, and no other client has round 1's model" in note for note in notes), notes
+
+
+def test_the_client_sending_round_1_again_lost_before_any_client_took_it_has_the_next_one_send_it(start) -> None:
+    """site-1 (starting client) is lost before any client took round 1's model; site-2 is told to
+    send it again, and is lost too before any client took it: site-3, the next aggregation
+    client left, is named to the clients left and told to send it again."""
+    clients, thread, report = start_three_aggregators(start)
+    clients.dead.add("site-1")
+    replay = replay_of_round_1(clients, "site-2", {"site-2": "idle", "site-3": "idle"})
+    assert replay.data["exclude"] == ["site-1"]
+    clients.dead.add("site-2")
+    told: list = []
+    deadline = time.monotonic() + 8
+    while (again := clients.queue.next_task("site-3")) is None or again.task_name == "swarm_lost":
+        assert time.monotonic() < deadline, thread.errors  # type: ignore[attr-defined]
+        if again is not None:
+            told.append(again.data.get("starts_again"))
+            clients.queue.submit("site-3", again.task_id, make_reply(ReturnCode.OK))
+        report(-1, "", **{"site-3": "idle"})
+        time.sleep(0.05)
+    assert told[-1] == "site-3"
+    assert again.task_name == "swarm_replay" and (again.data["round"], again.data["exclude"]) == (
+        0,
+        ["site-1", "site-2"],
+    )
+    clients.queue.submit("site-3", again.task_id, make_reply(ReturnCode.OK))
+    clients.status("site-3", round=3, aggr="site-3", phase="done", progress=20, all_done=True)
+    assert finish(thread) == []
+    notes = [fields["message"] for event, fields in clients.events if event == "workflow_note"]
+    assert any("it was sending round 1's model again, and no other client has it" in note for note in notes), notes
+
+
+def start_three_aggregators(start):
+    queue, clients, thread = start(
+        SwarmServerController(num_rounds=4, min_clients=1, max_status_report_interval=3)
+    )  # every client aggregates; reports every second: a loss is judged 2 s after it
+    configure_and_start(queue)
+
+    def report(round_: int, aggr: str, **phases: str) -> None:
+        for site, phase in phases.items():
+            clients.status(site, round=round_, aggr=aggr, phase=phase, progress=round_)
+
+    return clients, thread, report
+
+
+def replay_of_round_1(clients: Clients, site: str, idle: dict[str, str]):
+    """Report ``idle`` at no round until ``site`` is told to send round 1's model again; answer it OK."""
+    deadline = time.monotonic() + 8
+    while (replay := next_task_but_lost(clients.queue, site)) is None:
+        assert time.monotonic() < deadline, f"{site} was not told to send round 1's model again"
+        for other, phase in idle.items():
+            clients.status(other, round=-1, aggr="", phase=phase, progress=0)
+            if other != site:
+                next_task_but_lost(clients.queue, other)
+        time.sleep(0.05)
+    assert replay.task_name == "swarm_replay" and replay.data["round"] == 0
+    clients.queue.submit(site, replay.task_id, make_reply(ReturnCode.OK))
+    return replay
 
 
 def test_an_aggregation_client_lost_with_the_next_rounds_model_has_its_finished_round_played_again(start) -> None:
