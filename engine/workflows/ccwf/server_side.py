@@ -136,6 +136,12 @@ class ServerSideController(Controller):
         """Whether a start task goes to a starting client (a workflow driven by the server says no)."""
         return True
 
+    def starter_loss_is_judged(self) -> bool:
+        """Whether a starting client that died before it answered its start task is followed as a
+        lost client (its loss judged like any other, see `loss_ends_workflow`) instead of ending
+        the workflow at once (the default)."""
+        return False
+
     def finishers(self, participants: list[str]) -> list[str]:
         """The clients whose reports that a round or the workflow is done are believed (all participants)."""
         return participants
@@ -255,6 +261,11 @@ class ServerSideController(Controller):
         if self.abort_signal.is_set():
             return False
         failures = failed_clients(task, [starter])
+        if failures and starter in self.context.dead() and self.starter_loss_is_judged():
+            note = f"{starter} died starting the workflow ({failures[starter]}); its loss is judged like any other"
+            self.context.report("workflow_note", message=note)
+            log.warning("starting client died site=%s: %s", starter, failures[starter])
+            return True
         if failures:
             raise WorkflowError(
                 f"{task.name} failed on {starter} "

@@ -96,6 +96,10 @@ class SwarmServerController(ServerSideController):
             raise WorkflowError("aggr_clients and train_clients must each name at least one participating client")
         return config
 
+    def starter_loss_is_judged(self) -> bool:
+        """Yes: another aggregation client can send the first round's model (`recover_from_loss`)."""
+        return True
+
     def finishers(self, participants: list[str]) -> list[str]:
         """Only an aggregation client finishes a round, and the last round's ends the swarm."""
         return clients_among("aggr_clients", self.aggr_clients, participants)

@@ -259,6 +259,38 @@ def test_a_starting_client_dying_as_round_1s_model_is_pulled_costs_the_round_whi
     assert_rounds_that_counted(workspace, ("site-2", "site-3"), start, rounds, 3)
 
 
+@pytest.mark.slow  # end to end; CI runs it with -m slow
+def test_a_starting_client_dying_as_it_starts_the_swarm_is_replaced_by_the_first_aggregation_client_left(
+    simulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """site-1, the starting client, dies (fault point ``swarm_round_sending``) as it is about to send
+    round 1's model, before it answered its start task: the server follows the swarm without it,
+    and site-2 sends round 1's model from the starting checkpoint instead."""
+    monkeypatch.setenv(FAULT_POINT_ENV, "site-1/swarm_round_sending")
+    workspace = tmp_path / "workspace"
+    job = make_swarm_job(
+        tmp_path,
+        num_rounds=2,
+        swarm_args={"min_clients": 2, "max_status_report_interval": 6, "progress_timeout": 90},
+        controller_args={"min_responses_required": 2},
+        starting_checkpoint="starting.safetensors",
+    )
+    start = {name: tensor + 1.0 for name, tensor in initial_model(job, 2, 32).items()}
+    save_file(start, job / "app" / "starting.safetensors")
+
+    result, output = simulate(job)
+
+    assert result.state is JobState.FINISHED_COMPLETED, output
+    assert "site-1 died starting the workflow" in output
+    assert "it started the swarm, and no other client has round 1's model: site-2 sent round 1's model again" in output
+    rounds = read_json(workspace / "summary.json")["rounds"]
+    assert [(entry["round"], entry["aggregator"], entry["clients"]) for entry in rounds] == [
+        (1, "site-2", ["site-2", "site-3"]),
+        (2, "site-2", ["site-2", "site-3"]),
+    ]
+    assert_rounds_that_counted(workspace, ("site-2", "site-3"), start, rounds, 3)
+
+
 @pytest.mark.slow  # end to end; CI runs it with -m slow (the server's judgement: test_ccwf_server.py)
 def test_an_aggregation_client_lost_with_the_next_rounds_model_costs_the_round_it_finished(
     simulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -325,6 +325,25 @@ def test_a_starting_client_lost_before_any_client_took_round_1_has_it_played_aga
     assert any("it started the swarm, and no other client has round 1's model" in note for note in notes), notes
 
 
+@pytest.mark.parametrize("dead", [True, False], ids=["it died", "it is alive"])
+def test_a_failed_start_task_is_followed_as_a_loss_only_when_the_starting_client_died(start, dead: bool) -> None:
+    queue, clients, thread = start(SwarmServerController(num_rounds=2, min_clients=1, max_status_report_interval=3))
+    for site in CLIENTS:
+        answer(queue, site, "swarm_config")
+    if dead:
+        clients.dead.add("site-1")
+    answer(queue, "site-1", "swarm_start", make_reply(ReturnCode.EXECUTION_EXCEPTION))
+    if not dead:
+        [error] = finish(thread)
+        assert "swarm_start failed on site-1" in str(error)
+        return
+    replay_of_round_1(clients, "site-2", {"site-2": "configured", "site-3": "configured"})
+    clients.status("site-2", round=1, aggr="site-2", phase="done", progress=20, all_done=True)
+    assert finish(thread) == []
+    notes = [fields["message"] for event, fields in clients.events if event == "workflow_note"]
+    assert notes[1].startswith("site-1 died starting the workflow (ERROR"), notes
+
+
 def test_the_client_sending_round_1_again_lost_before_any_client_took_it_has_the_next_one_send_it(start) -> None:
     """site-1 (starting client) is lost before any client took round 1's model; site-2 is told to
     send it again, and is lost too before any client took it: site-3, the next aggregation
