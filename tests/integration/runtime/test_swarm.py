@@ -165,6 +165,27 @@ def test_a_dead_aggregation_client_costs_its_round_which_another_plays_again(sim
     assert_rounds_that_counted(tmp_path / "workspace", ("site-1", "site-3"), initial, rounds, 3)
 
 
+def write_starting_checkpoint(job: Path, layers: int, width: int) -> dict[str, torch.Tensor]:
+    """Write the job's starting checkpoint (``starting.safetensors``, BenchNet's weights + 1, so not
+    the module's own) in its app folder; return it."""
+    start = {name: tensor + 1.0 for name, tensor in initial_model(job, layers, width).items()}
+    save_file(start, job / "app" / "starting.safetensors")
+    return start
+
+
+def assert_site_1s_rounds_played_by_site_2_and_site_3(
+    workspace: Path, start: dict[str, torch.Tensor], second_aggregator: str = "site-2"
+) -> None:
+    """Both rounds of the job were played by site-2 and site-3 (site-1 lost in round 1), round 1
+    aggregated by site-2: they end with the starting checkpoint moved by those rounds."""
+    rounds = read_json(workspace / "summary.json")["rounds"]
+    assert [(entry["round"], entry["aggregator"], entry["clients"]) for entry in rounds] == [
+        (1, "site-2", ["site-2", "site-3"]),
+        (2, second_aggregator, ["site-2", "site-3"]),
+    ]
+    assert_rounds_that_counted(workspace, ("site-2", "site-3"), start, rounds, 3)
+
+
 @pytest.mark.slow  # end to end; CI runs it with -m slow (the roles: test_swarm_roles.py)
 @pytest.mark.parametrize("checkpoint", [True, False], ids=["from a checkpoint", "from the module"])
 def test_a_starting_client_lost_in_the_first_round_costs_the_round_which_another_plays_from_the_checkpoint(
@@ -185,8 +206,7 @@ def test_a_starting_client_lost_in_the_first_round_costs_the_round_which_another
         controller_args={"min_responses_required": 2, "wait_time_after_min_resps_received": 30},
         starting_checkpoint="starting.safetensors" if checkpoint else "",
     )
-    start = {name: tensor + 1.0 for name, tensor in initial_model(job, 2, 32).items()}  # not the module's
-    save_file(start, job / "app" / "starting.safetensors")
+    start = write_starting_checkpoint(job, 2, 32)
     running = in_background(simulate, job)
 
     go = [paused(tmp_path, site, 0, "holding") for site in ("site-2", "site-3")]
@@ -205,12 +225,7 @@ def test_a_starting_client_lost_in_the_first_round_costs_the_round_which_another
         return
     assert result.state is JobState.FINISHED_COMPLETED, output
     assert "site-2 sent round 1's model again, to another aggregation client" in output
-    rounds = read_json(workspace / "summary.json")["rounds"]
-    assert [(entry["round"], entry["aggregator"], entry["clients"]) for entry in rounds] == [
-        (1, "site-2", ["site-2", "site-3"]),
-        (2, "site-2", ["site-2", "site-3"]),  # its turn again: site-1, whose turn it was, is lost
-    ]
-    assert_rounds_that_counted(workspace, ("site-2", "site-3"), start, rounds, 3)
+    assert_site_1s_rounds_played_by_site_2_and_site_3(workspace, start)  # round 2: site-1's turn, lost
 
 
 @pytest.mark.slow  # end to end; CI runs it with -m slow (the give-up: test_swarm_give_up.py)
@@ -241,8 +256,7 @@ def test_a_starting_client_dying_as_round_1s_model_is_pulled_costs_the_round_whi
         starting_checkpoint="starting.safetensors",
         **BIG,
     )
-    start = {name: tensor + 1.0 for name, tensor in initial_model(job, 1, 2048).items()}
-    save_file(start, job / "app" / "starting.safetensors")
+    start = write_starting_checkpoint(job, 1, 2048)
 
     result, output = simulate(job)
 
@@ -251,12 +265,7 @@ def test_a_starting_client_dying_as_round_1s_model_is_pulled_costs_the_round_whi
     for site in ("site-2", "site-3"):
         log_text = (workspace / site / "log.txt").read_text()
         assert "round 1's model not received" in log_text and "round 1's model comes again from site-2" in log_text
-    rounds = read_json(workspace / "summary.json")["rounds"]
-    assert [(entry["round"], entry["aggregator"], entry["clients"]) for entry in rounds] == [
-        (1, "site-2", ["site-2", "site-3"]),
-        (2, second, ["site-2", "site-3"]),
-    ]
-    assert_rounds_that_counted(workspace, ("site-2", "site-3"), start, rounds, 3)
+    assert_site_1s_rounds_played_by_site_2_and_site_3(workspace, start, second)
 
 
 @pytest.mark.slow  # end to end; CI runs it with -m slow
@@ -275,20 +284,14 @@ def test_a_starting_client_dying_as_it_starts_the_swarm_is_replaced_by_the_first
         controller_args={"min_responses_required": 2},
         starting_checkpoint="starting.safetensors",
     )
-    start = {name: tensor + 1.0 for name, tensor in initial_model(job, 2, 32).items()}
-    save_file(start, job / "app" / "starting.safetensors")
+    start = write_starting_checkpoint(job, 2, 32)
 
     result, output = simulate(job)
 
     assert result.state is JobState.FINISHED_COMPLETED, output
     assert "site-1 died starting the workflow" in output
     assert "it started the swarm, and no other client has round 1's model: site-2 sent round 1's model again" in output
-    rounds = read_json(workspace / "summary.json")["rounds"]
-    assert [(entry["round"], entry["aggregator"], entry["clients"]) for entry in rounds] == [
-        (1, "site-2", ["site-2", "site-3"]),
-        (2, "site-2", ["site-2", "site-3"]),
-    ]
-    assert_rounds_that_counted(workspace, ("site-2", "site-3"), start, rounds, 3)
+    assert_site_1s_rounds_played_by_site_2_and_site_3(workspace, start)
 
 
 @pytest.mark.slow  # end to end; CI runs it with -m slow (the server's judgement: test_ccwf_server.py)
