@@ -50,6 +50,8 @@ class _Following:
     played_again: set[int] = dataclasses.field(default_factory=set)
     #: gone, their loss not fatal yet -> (why, last report, latest round when judged)
     harmless: dict[str, tuple[str, WorkflowStatus | None, int]] = dataclasses.field(default_factory=dict)
+    #: lost sites judged lost even if they report again (the starting client that died starting)
+    never_back: set[str] = dataclasses.field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.last_progress = self.started
@@ -112,6 +114,8 @@ class ServerSideController(Controller):
         self.min_clients = min_clients
         #: The client the start task went to (set by `run`).
         self.starter = ""
+        #: (the starting client, why) when it died before it answered its start task (`starter_loss_is_judged`)
+        self._died_starting: tuple[str, str] | None = None
 
     # ----------------------------------------------------------------- for subclasses
 
@@ -137,8 +141,9 @@ class ServerSideController(Controller):
         return True
 
     def starter_loss_is_judged(self) -> bool:
-        """Whether a starting client that died before it answered its start task is followed as a
-        lost client (its loss judged like any other, see `loss_ends_workflow`) instead of ending
+        """Whether a starting client that died before it answered its start task (the runtime
+        found it dead: the task ended ``CLIENT_DEAD``) is followed as a lost client, its loss
+        judged like any other (see `loss_ends_workflow`) and never taken back, instead of ending
         the workflow at once (the default)."""
         return False
 
@@ -261,9 +266,16 @@ class ServerSideController(Controller):
         if self.abort_signal.is_set():
             return False
         failures = failed_clients(task, [starter])
-        if failures and starter in self.context.dead() and self.starter_loss_is_judged():
-            note = f"{starter} died starting the workflow ({failures[starter]}); its loss is judged like any other"
-            self.context.report("workflow_note", message=note)
+        client_task = task.last_client_task_map.get(starter)
+        died = (
+            starter in self.context.dead()
+            if client_task is None  # it died before it took the task
+            else client_task.status is TaskCompletionStatus.CLIENT_DEAD
+        )
+        if failures and died and self.starter_loss_is_judged():
+            why = f"died starting the workflow ({self.context.dead_reasons().get(starter, 'dead')})"
+            self._died_starting = (starter, why)
+            self.context.report("workflow_note", message=f"{starter} {why}; its loss is judged like any other")
             log.warning("starting client died site=%s: %s", starter, failures[starter])
             return True
         if failures:
@@ -279,6 +291,11 @@ class ServerSideController(Controller):
         done (see the module) or the job aborts; raise `WorkflowError` with the reason when it
         cannot go on."""
         state = _Following(started=time.monotonic())
+        if self._died_starting is not None:  # judged after the same wait as any loss, never back
+            starter, why = self._died_starting
+            state.lost.add(starter)
+            state.unjudged[starter] = (state.started, why)
+            state.never_back.add(starter)
         while not self.abort_signal.wait(STATUS_CHECK_INTERVAL_S):
             now = time.monotonic()
             reports = self.context.client_status(self.task_name_prefix)
@@ -398,7 +415,7 @@ class ServerSideController(Controller):
                 continue
             del state.unjudged[site]
             entry = reports.get(site)
-            if site not in dead and entry is not None and entry.received > since:
+            if site not in dead and entry is not None and entry.received > since and site not in state.never_back:
                 state.lost.discard(site)  # it is back
                 if state.gone:  # whom the others were told of while it was away
                     self.clients_lost(sorted(state.gone), [site])

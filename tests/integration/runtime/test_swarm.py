@@ -225,7 +225,7 @@ def test_a_starting_client_lost_in_the_first_round_costs_the_round_which_another
         return
     assert result.state is JobState.FINISHED_COMPLETED, output
     assert "site-2 sent round 1's model again, to another aggregation client" in output
-    assert_site_1s_rounds_played_by_site_2_and_site_3(workspace, start)  # round 2: site-1's turn, lost
+    assert_site_1s_rounds_played_by_site_2_and_site_3(workspace, start)  # round 2: site-2's own turn
 
 
 @pytest.mark.slow  # end to end; CI runs it with -m slow (the give-up: test_swarm_give_up.py)

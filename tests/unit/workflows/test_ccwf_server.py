@@ -325,23 +325,36 @@ def test_a_starting_client_lost_before_any_client_took_round_1_has_it_played_aga
     assert any("it started the swarm, and no other client has round 1's model" in note for note in notes), notes
 
 
-@pytest.mark.parametrize("dead", [True, False], ids=["it died", "it is alive"])
-def test_a_failed_start_task_is_followed_as_a_loss_only_when_the_starting_client_died(start, dead: bool) -> None:
+@pytest.mark.parametrize("dead", [True, False], ids=["it died", "it failed"])
+def test_a_start_task_ended_by_the_starting_clients_death_is_followed_as_a_loss_that_is_never_taken_back(
+    start, dead: bool
+) -> None:
+    """site-1 takes its start task and dies (the runtime ends the task CLIENT_DEAD): the server
+    follows the swarm, judges site-1 lost (though it reports again: it never started the swarm) and
+    has site-2 send round 1's model. A start task that site-1 answers with an error ends the swarm."""
     queue, clients, thread = start(SwarmServerController(num_rounds=2, min_clients=1, max_status_report_interval=3))
     for site in CLIENTS:
         answer(queue, site, "swarm_config")
-    if dead:
-        clients.dead.add("site-1")
-    answer(queue, "site-1", "swarm_start", make_reply(ReturnCode.EXECUTION_EXCEPTION))
     if not dead:
+        answer(queue, "site-1", "swarm_start", make_reply(ReturnCode.EXECUTION_EXCEPTION))
         [error] = finish(thread)
         assert "swarm_start failed on site-1" in str(error)
         return
-    replay_of_round_1(clients, "site-2", {"site-2": "configured", "site-3": "configured"})
+    deadline = time.monotonic() + 10
+    while queue.next_task("site-1") is None:  # taken, never answered
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    clients.dead.add("site-1")
+    queue.client_dead("site-1")
+    time.sleep(0.5)
+    clients.dead.discard("site-1")  # back at once (a brief loss of its link), reporting as configured
+    idle = {"site-1": "configured", "site-2": "configured", "site-3": "configured"}
+    replay_of_round_1(clients, "site-2", idle)
     clients.status("site-2", round=1, aggr="site-2", phase="done", progress=20, all_done=True)
     assert finish(thread) == []
     notes = [fields["message"] for event, fields in clients.events if event == "workflow_note"]
-    assert notes[1].startswith("site-1 died starting the workflow (ERROR"), notes
+    assert "site-1 died starting the workflow (dead); its loss is judged like any other" in notes, notes
+    assert any("site-1 died starting the workflow (dead) and it started the swarm" in note for note in notes), notes
 
 
 def test_the_client_sending_round_1_again_lost_before_any_client_took_it_has_the_next_one_send_it(start) -> None:
