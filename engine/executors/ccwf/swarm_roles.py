@@ -5,9 +5,9 @@ child cell of that site); but a site with a valid key can still lie about its ro
 A Swarm client therefore takes a round's model, a result or the final model only from the
 sites the server's config names for that role, and only for the round it expects:
 
-- the first round's model from the ``starting_client`` (played again once the server lost it, from
-  the aggregation client the server names); a later round's from an aggregation client, namely the one that
-  aggregated the previous round when this client took part in it;
+- the first round's model from the ``starting_client`` (played again once the server lost it,
+  from the aggregation client the server names); a later round's from an aggregation client,
+  namely the one that aggregated the previous round when this client took part in it;
 - rounds in order: never one it already took, never one outside the job's rounds, and a
   trainer (which takes every round) only the one after its last, save the one after a round it
   gave up (`untake`), from that round's aggregation client: the swarm went on without it;
@@ -381,8 +381,8 @@ class SwarmRoles:
         """Why round ``current_round``'s model sent again is refused (called with the lock held).
 
         Only the site that sent it the first time may (or, for the first round once the server
-        lost the starting client, an aggregation client: `_starts_again`), naming another
-        aggregation client, and at most `MAX_REPLAYS` times.
+        lost the starting client, the aggregation client the server named: `_starts_again`),
+        naming another aggregation client, and at most `MAX_REPLAYS` times.
         """
         shown = shown_round(current_round)
         if owner_among(sender, [self._last_sender]) is None and not self._starts_again(sender, current_round):

@@ -484,7 +484,7 @@ class ServerSideController(Controller):
             raise WorkflowError(f"{site} is lost ({why}), and {reason}; {e}") from e
         self.context.report("workflow_note", message=f"{site} {why} and {reason}: {done}")
         log.warning("workflow recovered from a loss site=%s: %s", site, done)
-        return max(held, first)  # before any client took the first round's model, that round
+        return max(held, first)  # no client reported the first round yet: that one is played again
 
 
 def _latest_round_without(

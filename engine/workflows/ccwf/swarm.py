@@ -206,7 +206,8 @@ class SwarmServerController(ServerSideController):
         That client is the one that aggregated the round before (its last saved model is the
         round's model) or, for the first round, the starting client, which reads its starting
         checkpoint again. Lost itself, the first aggregation client left does so in its place,
-        once the others were told of the loss (they take the round's model from it only then).
+        once the others were told of the loss and of it (they take the round's model from it
+        only then).
 
         Raises:
             WorkflowError: `MAX_ROUND_REPLAYS` rounds were played again already, that client is
@@ -214,7 +215,7 @@ class SwarmServerController(ServerSideController):
         """
         if self._replays >= MAX_ROUND_REPLAYS:
             raise WorkflowError(f"{self._replays} rounds were played again already (at most {MAX_ROUND_REPLAYS})")
-        latest_round = max(latest_round, self.start_round)  # no client took the first round's model whole
+        latest_round = max(latest_round, self.start_round)  # no client reports the first round yet
         if self._is_last(latest_round):
             holders, missing = self._final_holders(reports, site, [other for other in reports if other not in lost])
             if holders:
