@@ -264,6 +264,7 @@ def test_a_lost_rounds_aggregation_client_has_the_round_played_again_by_the_prev
     assert any("site-1 sent round 2's model again, to another aggregation client" in note for note in notes), notes
 
 
+@pytest.mark.slow  # 5 s in real time; CI runs it with -m slow (the quick first-round cases stay)
 def test_a_lost_starting_client_has_the_first_aggregation_client_left_play_round_1_once_every_client_left_knows(
     start,
 ) -> None:
@@ -357,6 +358,7 @@ def test_a_start_task_ended_by_the_starting_clients_death_is_followed_as_a_loss_
     assert any("site-1 died starting the workflow (dead) and it started the swarm" in note for note in notes), notes
 
 
+@pytest.mark.slow  # 6 s in real time; CI runs it with -m slow
 def test_the_client_sending_round_1_again_lost_before_any_client_took_it_has_the_next_one_send_it(start) -> None:
     """site-1 (starting client) is lost before any client took round 1's model; site-2 is told to
     send it again, and is lost too before any client took it: site-3, the next aggregation
