@@ -234,7 +234,7 @@ class SwarmRoles:
                 if why is None:
                     self._replays += 1
                     self._last_aggr = aggr
-                    self._last_sender = owner_among(sender, [*self.aggr_clients, self.starting_client]) or sender
+                    self._last_sender = self._sending_site(sender)
                     self._forget_given_up()
                     # the last round played again: its final model comes again, from the new aggregation client
                     self._final_taken = self._final_taken and current_round != self.end_round - 1
@@ -254,7 +254,7 @@ class SwarmRoles:
             why = self._sender_refusal(sender, current_round, isinstance(header.get(REPLAY_KEY), list))
             if why:
                 return why
-            self._took(current_round, aggr, owner_among(sender, [*self.aggr_clients, self.starting_client]) or sender)
+            self._took(current_round, aggr, self._sending_site(sender))
         return None
 
     def record_learn(self, current_round: int, aggr: str) -> None:
@@ -333,6 +333,10 @@ class SwarmRoles:
     def _said_again(self, sender: str, current_round: int) -> bool:
         """Whether round ``current_round`` was dropped already at ``sender``'s word (lock held)."""
         return self._dropped[0] == current_round and owner_among(sender, [self._dropped[1]]) is not None
+
+    def _sending_site(self, sender: str) -> str:
+        """The site whose cell ``sender`` is, among those that send rounds' models (else ``sender``)."""
+        return owner_among(sender, [*self.aggr_clients, self.starting_client]) or sender
 
     def _can_go_back(self, current_round: int) -> bool:
         """Whether this client can be back where it was before it took round ``current_round``, its

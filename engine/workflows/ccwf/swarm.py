@@ -256,8 +256,7 @@ class SwarmServerController(ServerSideController):
         left = [site for site in reports if site not in lost and site not in dead]
         sender = next((site for site in aggrs if site in left), "")
         if sender:
-            data = Shareable({LOST_KEY: sorted(lost), STARTS_AGAIN_KEY: sender})
-            task = Task(self.task_name(LOST_TASK), data, timeout=self.max_status_report_interval)
+            task = self._lost_task(sorted(lost), starts_again=sender)
             self.broadcast_and_wait(task, left, min_responses=0, abort_signal=self.abort_signal)
             unaware = failed_clients(task, left)
             if unaware:
@@ -275,9 +274,14 @@ class SwarmServerController(ServerSideController):
         left = [site for site in participants if site not in lost]
         if not left:
             return
-        task = Task(self.task_name(LOST_TASK), Shareable({LOST_KEY: lost}), timeout=self.max_status_report_interval)
-        self.broadcast(task, left, min_responses=0)
+        self.broadcast(self._lost_task(lost), left, min_responses=0)
         log.info("clients told whom the swarm lost: %s", ", ".join(lost))
+
+    def _lost_task(self, lost: list[str], starts_again: str = "") -> Task:
+        """A ``swarm_lost`` task naming ``lost`` (and who sends the first round's model again, if
+        ``starts_again``), open for ``max_status_report_interval`` seconds."""
+        data = Shareable({LOST_KEY: lost, **({STARTS_AGAIN_KEY: starts_again} if starts_again else {})})
+        return Task(self.task_name(LOST_TASK), data, timeout=self.max_status_report_interval)
 
     def run(self) -> None:
         self.context.report("workflow_note", message=f"swarm: {self.num_rounds} rounds, the clients aggregate")
